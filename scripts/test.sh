@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Creates .venv if missing, installs the test extras and runs the whole pytest suite.
+# Extra arguments go to pytest, e.g. scripts/test.sh -k optim
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_env.sh test,plot
+exec .venv/bin/python -m pytest -n 2 "$@"
