@@ -157,8 +157,11 @@ def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: 
                           f"a directory holding the prepared TFDS dataset {name!r} is required")
     import tensorflow_datasets as tfds
 
-    if name not in tfds.list_builders():
-        raise ConfigError("config.dataset", name, f"allowed: {DIGITS!r} or a TFDS image dataset name")
+    try:
+        tfds.builder_cls(name)  # local registry only (list_builders would query the community index online)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ConfigError("config.dataset", name,
+                          f"allowed: {DIGITS!r} or the name of a TFDS image-classification dataset") from None
     sources = {}
     for split in (train_split, test_split):
         try:
@@ -269,12 +272,14 @@ def eval_preprocess(images: jax.Array, *, out_size: int, crop_fraction: float = 
 
     With images already at `out_size` and `crop_fraction` = 1 this is only the normalisation.
     """
-    b, h, w, _ = images.shape
+    b, h, w, c = images.shape
     x = images.astype(jnp.float32)
-    ch, cw = h * crop_fraction, w * crop_fraction
-    if (h, w) != (out_size, out_size) or crop_fraction != 1.0:
-        y0, x0 = (h - ch) / 2.0, (w - cw) / 2.0
-        x = jax.vmap(lambda img: _crop_resize(img, y0, x0, ch, cw, out_size))(x)
+    if crop_fraction != 1.0:
+        ch, cw = int(round(h * crop_fraction)), int(round(w * crop_fraction))
+        y0, x0 = (h - ch) // 2, (w - cw) // 2
+        x = x[:, y0:y0 + ch, x0:x0 + cw]
+    if x.shape[1:3] != (out_size, out_size):
+        x = jax.image.resize(x, (b, out_size, out_size, c), method="linear", antialias=True)
     return _normalise(x, mean, std)
 
 

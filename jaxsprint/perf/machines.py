@@ -1,0 +1,313 @@
+"""Machine presets with units: accelerators, host, links and the calibrated efficiency terms.
+
+A :class:`Machine` is a pytree of float scalars (so ``jax.grad`` can take derivatives w.r.t. any
+figure, e.g. bandwidth or peak FLOP/s) plus static metadata: the name and, for every number, where
+it comes from (``sources``). Bandwidths are per direction, in bytes per second; NVIDIA's NVLink
+figures (300 GB/s for V100, 900 GB/s for H100/H200) are bidirectional totals, so half of them is
+used. "Data" rates of InfiniBand are after line coding (QDR 8b/10b: 32 of 40 Gb/s; FDR 64b/66b:
+54.5 of 56 Gb/s; EDR/NDR 64b/66b).
+
+The efficiency fields describe how close a layer gets to the roofline (see
+:func:`jaxsprint.perf.sprint.compute_time_s`). For the GPU presets they are *assumed* values
+(documented in ``sources``); the paper used measured cuDNN per-layer times, which calibrating these
+fields to measured step times plays the role of (``scripts/calibrate_compute.py`` does it for the
+CPU of this machine and prints a preset you can paste).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+GB = 1e9
+Gbit = 1e9 / 8
+
+
+class MachineError(ValueError):
+    """Unknown machine name or an invalid figure (the message names the field)."""
+
+
+@struct.dataclass
+class Machine:
+    """One machine: a node with ``gpus_per_node`` accelerators, a host CPU and a network.
+
+    Attributes:
+      peak_flops_per_s: fp32 peak of one accelerator (non-tensor-core, as SPRINT computed in fp32).
+      memory_bandwidth_bytes_per_s: Accelerator memory bandwidth.
+      device_memory_bytes: Accelerator memory (the sub-batch must fit).
+      host_device_bandwidth_bytes_per_s: Host <-> accelerator copies (PCIe), per direction.
+      host_memory_bandwidth_bytes_per_s: Effective bandwidth of the updater thread streaming over
+        host memory (gather and momentum update), not the socket peak.
+      network_bandwidth_bytes_per_s: Inter-node bandwidth per node, all rails, per direction.
+      network_latency_s: Inter-node latency (alpha) of one message, MPI level.
+      intra_node_bandwidth_bytes_per_s: Accelerator-to-accelerator bandwidth per accelerator inside
+        a node (NVLink or PCIe peer), per direction; used by hierarchical collectives.
+      intra_node_latency_s: Latency of one intra-node message.
+      storage_bandwidth_bytes_per_s: Node-local storage read bandwidth, shared by the node's learners.
+      max_nodes: Nodes of the real machine (larger requests are hypothetical; allowed with a warning).
+      gpus_per_node: Accelerators per node.
+      efficiency_fwd: Saturated fraction of peak reached by conv/dense forward passes.
+      efficiency_bwd_data: Same for the gradient w.r.t. the layer input.
+      efficiency_bwd_weight: Same for the gradient w.r.t. the weights.
+      half_efficiency_flops: Work (FLOPs of one layer call) at which a layer reaches half of its
+        saturated efficiency: ``eff(w) = eff_max * w / (w + half_efficiency_flops)``.
+      memory_efficiency: Fraction of the memory bandwidth reached by memory-bound layers.
+      per_layer_overhead_s: Launch / dispatch overhead per layer call (forward; backward counts 2).
+      step_overhead_s: Fixed overhead per learner step (framework, synchronisation).
+      updater_passes: Passes of the momentum update over the 4P bytes of parameters
+        (read gradient, read+write momentum, read+write weights: 5).
+      updater_overhead_s: Fixed overhead per updater cycle.
+      name: Preset name (static).
+      description: One line (static).
+      sources: ``(field, source)`` pairs saying where each number comes from (static).
+    """
+
+    peak_flops_per_s: jax.Array
+    memory_bandwidth_bytes_per_s: jax.Array
+    device_memory_bytes: jax.Array
+    host_device_bandwidth_bytes_per_s: jax.Array
+    host_memory_bandwidth_bytes_per_s: jax.Array
+    network_bandwidth_bytes_per_s: jax.Array
+    network_latency_s: jax.Array
+    intra_node_bandwidth_bytes_per_s: jax.Array
+    intra_node_latency_s: jax.Array
+    storage_bandwidth_bytes_per_s: jax.Array
+    max_nodes: jax.Array
+    gpus_per_node: jax.Array
+    efficiency_fwd: jax.Array
+    efficiency_bwd_data: jax.Array
+    efficiency_bwd_weight: jax.Array
+    half_efficiency_flops: jax.Array
+    memory_efficiency: jax.Array
+    per_layer_overhead_s: jax.Array
+    step_overhead_s: jax.Array
+    updater_passes: jax.Array
+    updater_overhead_s: jax.Array
+    name: str = struct.field(pytree_node=False, default="machine")
+    description: str = struct.field(pytree_node=False, default="")
+    sources: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
+
+
+_FIELDS = [f for f in Machine.__dataclass_fields__ if f not in ("name", "description", "sources")]
+
+# Assumed efficiency terms for GPUs running cuDNN-era fp32 training (no public per-layer data).
+_GPU_EFFICIENCY = dict(
+    efficiency_fwd=0.6, efficiency_bwd_data=0.55, efficiency_bwd_weight=0.5,
+    half_efficiency_flops=2e8, memory_efficiency=0.7, per_layer_overhead_s=10e-6,
+    step_overhead_s=1e-3, updater_passes=5.0, updater_overhead_s=1e-3)
+_GPU_EFFICIENCY_SOURCE = (
+    "efficiency_*", "assumed (cuDNN-era fp32 convolutions reach 50-60% of peak on large layers); "
+    "calibrate to measured step times")
+
+
+def make_machine(name: str, description: str, sources: dict[str, str], **figures: float) -> Machine:
+    """Builds a :class:`Machine` from keyword figures (all fields of the dataclass are required).
+
+    Raises:
+      MachineError: a missing, non-finite or non-positive figure (zero allowed for overheads).
+    """
+    missing = [f for f in _FIELDS if f not in figures]
+    if missing:
+        raise MachineError(f"machine {name!r} lacks figures: {', '.join(missing)}")
+    for field, value in figures.items():
+        if field not in _FIELDS:
+            raise MachineError(f"machine field {field!r} is unknown; allowed: {', '.join(_FIELDS)}")
+        allow_zero = field.endswith("overhead_s")
+        v = float(value)
+        if not (v == v and abs(v) != float("inf")) or v < 0 or (v == 0 and not allow_zero):
+            raise MachineError(f"machine {name!r}: {field}={value!r} must be finite and "
+                               f"{'>= 0' if allow_zero else '> 0'}")
+    return Machine(**{k: jnp.float32(v) for k, v in figures.items()}, name=name,
+                   description=description, sources=tuple(sources.items()))
+
+
+def _tsubame25() -> Machine:
+    return make_machine(
+        "tsubame25", "TSUBAME 2.5: 3 x Tesla K20X per node, dual-rail QDR InfiniBand",
+        {
+            "peak_flops_per_s": "NVIDIA Tesla K20X datasheet: 3.95 TFLOP/s fp32",
+            "memory_bandwidth_bytes_per_s": "K20X datasheet: 250 GB/s",
+            "device_memory_bytes": "K20X datasheet: 6 GB",
+            "host_device_bandwidth_bytes_per_s": "PCIe 2.0 x16: 8 GB/s per direction",
+            "host_memory_bandwidth_bytes_per_s": "assumed: one updater thread streams about 8 GB/s "
+                                                 "on Westmere-EP (2 x Xeon X5670, 3 x DDR3-1333 per socket)",
+            "network_bandwidth_bytes_per_s": "dual-rail QDR InfiniBand: 2 x 32 Gb/s data = 8 GB/s",
+            "network_latency_s": "assumed MPI small-message latency over QDR: 2 us",
+            "intra_node_bandwidth_bytes_per_s": "PCIe 2.0 peer copies: 8 GB/s",
+            "intra_node_latency_s": "assumed: 10 us",
+            "storage_bandwidth_bytes_per_s": "assumed node-local SSD: 250 MB/s",
+            "max_nodes": "1,408 nodes (TSUBAME 2.5 system description)",
+            "gpus_per_node": "3 x K20X per node",
+            _GPU_EFFICIENCY_SOURCE[0]: _GPU_EFFICIENCY_SOURCE[1],
+        },
+        peak_flops_per_s=3.95e12, memory_bandwidth_bytes_per_s=250 * GB, device_memory_bytes=6 * GB,
+        host_device_bandwidth_bytes_per_s=8 * GB, host_memory_bandwidth_bytes_per_s=8 * GB,
+        network_bandwidth_bytes_per_s=2 * 32 * Gbit, network_latency_s=2e-6,
+        intra_node_bandwidth_bytes_per_s=8 * GB, intra_node_latency_s=10e-6,
+        storage_bandwidth_bytes_per_s=0.25 * GB, max_nodes=1408, gpus_per_node=3,
+        **_GPU_EFFICIENCY)
+
+
+def _tsubame_kfc_dl() -> Machine:
+    return make_machine(
+        "tsubame_kfc_dl", "TSUBAME-KFC/DL: 4 x Tesla K80 (8 GPU dies) per node, FDR InfiniBand",
+        {
+            "peak_flops_per_s": "NVIDIA Tesla K80 datasheet: 8.74 TFLOP/s fp32 per board with GPU "
+                                "Boost = 4.37 per die (2.8 per die at base clock)",
+            "memory_bandwidth_bytes_per_s": "K80 datasheet: 480 GB/s per board = 240 GB/s per die",
+            "device_memory_bytes": "K80 datasheet: 24 GB per board = 12 GB per die",
+            "host_device_bandwidth_bytes_per_s": "PCIe 3.0 x16: 15.75 GB/s per board, shared by its "
+                                                 "2 dies: 7.9 GB/s per die",
+            "host_memory_bandwidth_bytes_per_s": "assumed: one updater thread streams about 10 GB/s on "
+                                                 "Ivy Bridge-EP (2 x Xeon E5-2620 v2, 4 x DDR3-1600 per socket)",
+            "network_bandwidth_bytes_per_s": "FDR InfiniBand 4x: 56 Gb/s, 54.5 Gb/s data = 6.8 GB/s",
+            "network_latency_s": "assumed MPI small-message latency over FDR: 1.5 us",
+            "intra_node_bandwidth_bytes_per_s": "PCIe 3.0 peer copies: 7.9 GB/s per die",
+            "intra_node_latency_s": "assumed: 10 us",
+            "storage_bandwidth_bytes_per_s": "assumed node-local SSD: 500 MB/s",
+            "max_nodes": "40 nodes (TSUBAME-KFC, upgraded to K80 as KFC/DL), as commonly reported",
+            "gpus_per_node": "4 x K80 boards = 8 GPU dies per node",
+            _GPU_EFFICIENCY_SOURCE[0]: _GPU_EFFICIENCY_SOURCE[1],
+        },
+        peak_flops_per_s=4.37e12, memory_bandwidth_bytes_per_s=240 * GB, device_memory_bytes=12 * GB,
+        host_device_bandwidth_bytes_per_s=15.75 * GB / 2, host_memory_bandwidth_bytes_per_s=10 * GB,
+        network_bandwidth_bytes_per_s=54.5 * Gbit, network_latency_s=1.5e-6,
+        intra_node_bandwidth_bytes_per_s=15.75 * GB / 2, intra_node_latency_s=10e-6,
+        storage_bandwidth_bytes_per_s=0.5 * GB, max_nodes=40, gpus_per_node=8,
+        **_GPU_EFFICIENCY)
+
+
+def _abci() -> Machine:
+    return make_machine(
+        "abci", "ABCI: 4 x Tesla V100 SXM2 16 GB per node, NVLink 2, 2 x EDR InfiniBand",
+        {
+            "peak_flops_per_s": "NVIDIA V100 SXM2 datasheet: 15.7 TFLOP/s fp32 (125 fp16 tensor)",
+            "memory_bandwidth_bytes_per_s": "V100 datasheet: 900 GB/s",
+            "device_memory_bytes": "ABCI V100 SXM2: 16 GB",
+            "host_device_bandwidth_bytes_per_s": "PCIe 3.0 x16: 15.75 GB/s per direction",
+            "host_memory_bandwidth_bytes_per_s": "assumed: one updater thread streams about 12 GB/s on "
+                                                 "2 x Xeon Gold 6148 (6 x DDR4-2666 per socket)",
+            "network_bandwidth_bytes_per_s": "2 x EDR InfiniBand: 2 x 100 Gb/s = 25 GB/s",
+            "network_latency_s": "assumed MPI small-message latency over EDR: 1.2 us",
+            "intra_node_bandwidth_bytes_per_s": "NVLink 2: 300 GB/s per GPU bidirectional = 150 per direction",
+            "intra_node_latency_s": "assumed: 5 us",
+            "storage_bandwidth_bytes_per_s": "node-local NVMe SSD (Intel DC P4600 1.6 TB): about 3.2 GB/s read",
+            "max_nodes": "1,088 compute nodes (ABCI system description)",
+            "gpus_per_node": "4 x V100 SXM2 per node",
+            _GPU_EFFICIENCY_SOURCE[0]: _GPU_EFFICIENCY_SOURCE[1],
+        },
+        peak_flops_per_s=15.7e12, memory_bandwidth_bytes_per_s=900 * GB, device_memory_bytes=16 * GB,
+        host_device_bandwidth_bytes_per_s=15.75 * GB, host_memory_bandwidth_bytes_per_s=12 * GB,
+        network_bandwidth_bytes_per_s=2 * 100 * Gbit, network_latency_s=1.2e-6,
+        intra_node_bandwidth_bytes_per_s=150 * GB, intra_node_latency_s=5e-6,
+        storage_bandwidth_bytes_per_s=3.2 * GB, max_nodes=1088, gpus_per_node=4,
+        **_GPU_EFFICIENCY)
+
+
+def _dgx(gpu: str) -> Machine:
+    h200 = gpu == "h200"
+    return make_machine(
+        f"dgx_{gpu}", f"DGX {gpu.upper()}: 8 x {gpu.upper()} SXM, NVLink 4, 8 x 400 Gb/s InfiniBand NDR",
+        {
+            "peak_flops_per_s": f"NVIDIA {gpu.upper()} SXM datasheet: 67 TFLOP/s fp32 "
+                                "(989 bf16 dense tensor; set peak_flops_per_s to it for bf16 training)",
+            "memory_bandwidth_bytes_per_s": f"{gpu.upper()} SXM datasheet: {'4.8' if h200 else '3.35'} TB/s",
+            "device_memory_bytes": f"{gpu.upper()} SXM datasheet: {'141' if h200 else '80'} GB",
+            "host_device_bandwidth_bytes_per_s": "PCIe 5.0 x16: about 63 GB/s per direction",
+            "host_memory_bandwidth_bytes_per_s": "assumed: one updater thread streams about 20 GB/s on "
+                                                 "2 x Xeon Platinum 8480C (8 x DDR5-4800 per socket)",
+            "network_bandwidth_bytes_per_s": "8 x ConnectX-7 400 Gb/s NDR = 400 GB/s per node",
+            "network_latency_s": "assumed MPI small-message latency over NDR: 1 us",
+            "intra_node_bandwidth_bytes_per_s": "NVLink 4: 900 GB/s per GPU bidirectional = 450 per direction",
+            "intra_node_latency_s": "assumed: 3 us",
+            "storage_bandwidth_bytes_per_s": "assumed: 8 x NVMe U.2 in RAID 0, about 25 GB/s read",
+            "max_nodes": "a DGX SuperPOD scalable unit has 32 nodes; larger counts are hypothetical",
+            "gpus_per_node": "8 GPUs per DGX node",
+            _GPU_EFFICIENCY_SOURCE[0]: _GPU_EFFICIENCY_SOURCE[1],
+        },
+        peak_flops_per_s=67e12, memory_bandwidth_bytes_per_s=(4.8e12 if h200 else 3.35e12),
+        device_memory_bytes=(141 if h200 else 80) * GB,
+        host_device_bandwidth_bytes_per_s=63 * GB, host_memory_bandwidth_bytes_per_s=20 * GB,
+        network_bandwidth_bytes_per_s=8 * 400 * Gbit, network_latency_s=1e-6,
+        intra_node_bandwidth_bytes_per_s=450 * GB, intra_node_latency_s=3e-6,
+        storage_bandwidth_bytes_per_s=25 * GB, max_nodes=32, gpus_per_node=8,
+        **_GPU_EFFICIENCY)
+
+
+# Calibrated on this machine by scripts/calibrate_compute.py (see docs/perf-model.md).
+CPU_CALIBRATION = dict(
+    efficiency_fwd=0.42, efficiency_bwd_data=0.35, efficiency_bwd_weight=0.06,
+    half_efficiency_flops=2e6, memory_efficiency=0.5, per_layer_overhead_s=20e-6,
+    step_overhead_s=1e-3)
+
+
+def _cpu() -> Machine:
+    return make_machine(
+        "cpu", "this machine: 2 cores of an AMD EPYC, JAX CPU devices (fake devices share the cores)",
+        {
+            "peak_flops_per_s": "docs/cpu-performance.md: 2 cores x AVX-512/FMA, fp32 peak about 157 GFLOP/s",
+            "memory_bandwidth_bytes_per_s": "assumed: about 20 GB/s for 2 cores (numpy copy of a large array)",
+            "device_memory_bytes": "assumed: 8 GB of host RAM available to JAX",
+            "host_device_bandwidth_bytes_per_s": "host memory copy: same as memory bandwidth",
+            "host_memory_bandwidth_bytes_per_s": "assumed: 10 GB/s for one updater thread",
+            "network_bandwidth_bytes_per_s": "single node: loopback, assumed 10 GB/s",
+            "network_latency_s": "single node: assumed 5 us",
+            "intra_node_bandwidth_bytes_per_s": "fake devices share memory: assumed 10 GB/s",
+            "intra_node_latency_s": "assumed 5 us",
+            "storage_bandwidth_bytes_per_s": "in-memory data: assumed 10 GB/s",
+            "max_nodes": "one node",
+            "gpus_per_node": "up to 8 fake CPU devices (they share the 2 cores; the model does not "
+                             "divide the peak among them)",
+            "efficiency_*": "calibrated by scripts/calibrate_compute.py on this machine",
+        },
+        peak_flops_per_s=157e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
+        host_device_bandwidth_bytes_per_s=20 * GB, host_memory_bandwidth_bytes_per_s=10 * GB,
+        network_bandwidth_bytes_per_s=10 * GB, network_latency_s=5e-6,
+        intra_node_bandwidth_bytes_per_s=10 * GB, intra_node_latency_s=5e-6,
+        storage_bandwidth_bytes_per_s=10 * GB, max_nodes=1, gpus_per_node=8,
+        updater_passes=5.0, updater_overhead_s=1e-4, **CPU_CALIBRATION)
+
+
+PRESETS = {
+    "tsubame25": _tsubame25,
+    "tsubame_kfc_dl": _tsubame_kfc_dl,
+    "abci": _abci,
+    "dgx_h100": lambda: _dgx("h100"),
+    "dgx_h200": lambda: _dgx("h200"),
+    "cpu": _cpu,
+}
+
+
+def get(name: str) -> Machine:
+    """A machine preset by name.
+
+    Raises:
+      MachineError: unknown name (the message lists the allowed ones).
+    """
+    if name not in PRESETS:
+        raise MachineError(f"machine={name!r} is unknown; allowed: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def with_figures(machine: Machine, **figures: Any) -> Machine:
+    """A copy of ``machine`` with some figures replaced (e.g. a calibration result)."""
+    for field in figures:
+        if field not in _FIELDS:
+            raise MachineError(f"machine field {field!r} is unknown; allowed: {', '.join(_FIELDS)}")
+    return machine.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in figures.items()})
+
+
+def describe(machine: Machine) -> str:
+    """A table of the machine's figures with their sources."""
+    src = dict(machine.sources)
+    lines = [f"{machine.name}: {machine.description}"]
+    for field in _FIELDS:
+        key = field if field in src else ("efficiency_*" if field in CPU_CALIBRATION else "")
+        lines.append(f"  {field:36s} {float(getattr(machine, field)):12.4g}  {src.get(key, '')}")
+    return "\n".join(lines)
+
+
+__all__ = ["CPU_CALIBRATION", "Machine", "MachineError", "PRESETS", "describe", "get",
+           "make_machine", "with_figures"]

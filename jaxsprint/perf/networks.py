@@ -1,0 +1,713 @@
+"""Per-layer costs of a CNN: FLOPs, bytes moved and parameters, forward and backward.
+
+A network is reduced to a table with one row per distinct layer (identical layers are merged and
+counted with a multiplicity). Every per-sample quantity is multiplied by the sub-batch size in
+:mod:`jaxsprint.perf.sprint`, so the table itself does not depend on the batch.
+
+Conventions (used everywhere in :mod:`jaxsprint.perf`):
+
+* A multiply-accumulate (MAC) is one multiplication plus one addition, i.e. **2 FLOPs**. Published
+  "FLOPs" of CNNs are very often MACs (ResNet-50's "4.1 GFLOPs" is 4.1 G MACs = 8.2 GFLOP).
+  ``fwd_macs`` counts MACs of convolutions and dense layers only; every ``*_flops`` field counts
+  floating-point operations.
+* Convolution forward: ``MACs = k_h * k_w * (C_in / groups) * C_out * H_out * W_out`` per sample.
+* Backward of a convolution or dense layer: the gradient w.r.t. the input and the gradient w.r.t.
+  the weights each cost the forward MACs again, so forward + backward is about 3x the forward.
+  The first layer needs no input gradient (XLA removes it), so its ``bwd_data_flops`` is 0.
+* Element-wise layers (batch norm, ReLU, pooling, residual add) are memory bound: their FLOPs
+  are a few per element and their bytes are what matter.
+* Bytes are fp32 (4 bytes per value): forward reads the input and writes the output (batch norm
+  reads its input twice), backward reads the output gradient and the saved input and writes the
+  input gradient. Weight traffic (4 bytes per parameter read forward, read + written backward) is
+  per step, not per sample, and is added in :mod:`jaxsprint.perf.sprint`.
+
+Three sources of a table:
+
+* :func:`from_spec`: a sequential layer spec (tuples), e.g. ``[("conv", 64, 3), ("relu",),
+  ("maxpool", 2), ("gap",), ("dense", 10)]``; or :class:`Builder` for branching networks.
+* the zoo: :func:`alexnet`, :func:`vgg16`, :func:`googlenet`, :func:`resnet50`, :func:`resnet20`
+  and :func:`vgg_like` (the IPSJ report's family); :func:`get` looks one up by name.
+* :func:`from_flax`: any flax model, from XLA's cost analysis of its jitted forward and
+  forward+backward (totals only, one "forward" and one "backward" row).
+
+References:
+  He et al., "Deep residual learning for image recognition", CVPR 2016 (ResNet-50: 3.8 G
+  multiply-adds for v1, 25.6 M parameters; ResNet-20 for CIFAR-10: 0.27 M parameters).
+  Krizhevsky et al., NIPS 2012 (AlexNet, BVLC Caffe reference model: 60,965,224 parameters).
+  Simonyan and Zisserman, ICLR 2015 (VGG-16: 138,357,544 parameters, 15.5 G MACs).
+  Szegedy et al., CVPR 2015 (GoogLeNet: about 7 M parameters, 1.5 G multiply-adds).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+BYTES_PER_VALUE = 4  # fp32 activations, weights and gradients
+
+# Layer kinds. Matmul-like kinds run at a compute efficiency; the others are memory bound.
+KINDS = ("conv", "dense", "norm", "act", "pool", "add", "xla")
+KIND_CONV, KIND_DENSE, KIND_NORM, KIND_ACT, KIND_POOL, KIND_ADD, KIND_XLA = range(len(KINDS))
+
+
+class NetworkError(ValueError):
+    """A network spec or name that cannot be used (the message names the field)."""
+
+
+class LayerCost(NamedTuple):
+    """Costs of one layer, per sample unless stated. See the module docstring for conventions.
+
+    Attributes:
+      name: Layer name, for tables.
+      kind: One of :data:`KINDS`.
+      fwd_macs: Forward multiply-accumulates per sample (conv / dense only).
+      fwd_flops: Forward FLOPs per sample.
+      bwd_data_flops: FLOPs per sample of the gradient w.r.t. the layer input.
+      bwd_weight_flops: FLOPs per sample of the gradient w.r.t. the weights.
+      fwd_bytes: Activation bytes per sample read and written by the forward pass.
+      bwd_bytes: Activation bytes per sample read and written by the backward pass.
+      params: Trainable parameters (per network, not per sample).
+      out_elems: Output elements per sample (kept for the backward pass: memory).
+      count: How many identical copies of this layer the network has.
+    """
+
+    name: str
+    kind: str
+    fwd_macs: float
+    fwd_flops: float
+    bwd_data_flops: float
+    bwd_weight_flops: float
+    fwd_bytes: float
+    bwd_bytes: float
+    params: float
+    out_elems: float
+    count: int = 1
+
+
+@struct.dataclass
+class NetworkCost:
+    """A network's cost table as jnp arrays (a pytree, so it can be vmapped over or traced).
+
+    All array fields have shape ``[num_rows]``; ``count`` is the multiplicity of each row.
+    Per-sample fields are multiplied by the sub-batch size by the time model.
+
+    Attributes:
+      name: Network name (static).
+      layer_names: Row names (static).
+      kind: int32 kind id per row (index into :data:`KINDS`).
+      count: float32 multiplicity per row.
+      fwd_macs, fwd_flops, bwd_data_flops, bwd_weight_flops, fwd_bytes, bwd_bytes: per sample.
+      params: parameters per row (per copy).
+      out_elems: output elements per sample per row (per copy).
+      input_elems: input elements per sample (e.g. 224*224*3).
+      input_bytes_per_sample: bytes read from storage per sample (uint8 image: H*W*C).
+    """
+
+    kind: jax.Array
+    count: jax.Array
+    fwd_macs: jax.Array
+    fwd_flops: jax.Array
+    bwd_data_flops: jax.Array
+    bwd_weight_flops: jax.Array
+    fwd_bytes: jax.Array
+    bwd_bytes: jax.Array
+    params: jax.Array
+    out_elems: jax.Array
+    input_elems: jax.Array
+    input_bytes_per_sample: jax.Array
+    name: str = struct.field(pytree_node=False, default="network")
+    layer_names: tuple[str, ...] = struct.field(pytree_node=False, default=())
+
+    # Totals (per sample where it applies); cheap jnp reductions.
+    @property
+    def total_params(self) -> jax.Array:
+        """Trainable parameter count."""
+        return jnp.sum(self.count * self.params)
+
+    @property
+    def total_fwd_macs(self) -> jax.Array:
+        """Forward multiply-accumulates per sample."""
+        return jnp.sum(self.count * self.fwd_macs)
+
+    @property
+    def total_fwd_flops(self) -> jax.Array:
+        """Forward FLOPs per sample (2 per MAC plus element-wise work)."""
+        return jnp.sum(self.count * self.fwd_flops)
+
+    @property
+    def total_bwd_flops(self) -> jax.Array:
+        """Backward FLOPs per sample (input and weight gradients)."""
+        return jnp.sum(self.count * (self.bwd_data_flops + self.bwd_weight_flops))
+
+    @property
+    def total_train_flops(self) -> jax.Array:
+        """Forward + backward FLOPs per sample (about 3x the forward)."""
+        return self.total_fwd_flops + self.total_bwd_flops
+
+    @property
+    def activation_elems(self) -> jax.Array:
+        """Activation elements per sample kept for the backward pass (input included)."""
+        return jnp.sum(self.count * self.out_elems) + self.input_elems
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers, counting repeats (static)."""
+        return int(np.sum(np.asarray(self.count)))
+
+    def summary(self) -> dict[str, float]:
+        """Totals as Python floats: params, MACs and FLOPs per sample."""
+        return {
+            "params": float(self.total_params),
+            "fwd_macs": float(self.total_fwd_macs),
+            "fwd_flops": float(self.total_fwd_flops),
+            "train_flops": float(self.total_train_flops),
+            "activation_elems": float(self.activation_elems),
+        }
+
+
+def network_from_layers(
+    layers: Sequence[LayerCost],
+    input_shape: Sequence[int],
+    *,
+    name: str = "network",
+    input_bytes_per_sample: float | None = None,
+    merge: bool = True,
+) -> NetworkCost:
+    """Builds a :class:`NetworkCost` from layer rows, merging identical rows.
+
+    Args:
+      layers: Layer costs.
+      input_shape: Per-sample input shape, e.g. ``(224, 224, 3)``.
+      name: Network name.
+      input_bytes_per_sample: Bytes read from storage per sample; default one byte per input
+        element (a decoded uint8 image).
+      merge: Merge rows that are identical except for their name (exact; fewer rows to evaluate).
+
+    Returns:
+      The cost table.
+    """
+    rows: dict[tuple, list] = {}
+    order: list[tuple] = []
+    for i, layer in enumerate(layers):
+        if layer.kind not in KINDS:
+            raise NetworkError(f"layer kind={layer.kind!r} is unknown; allowed: {', '.join(KINDS)}")
+        key = tuple(layer[1:-1]) if merge else (i,) + tuple(layer[1:-1])
+        if key in rows:
+            rows[key][1] += layer.count
+        else:
+            rows[key] = [layer, layer.count]
+            order.append(key)
+    table = [rows[k][0]._replace(count=rows[k][1]) for k in order]
+    input_elems = float(np.prod(input_shape))
+    col = lambda f: jnp.asarray([float(getattr(r, f)) for r in table], jnp.float32)  # noqa: E731
+    return NetworkCost(
+        kind=jnp.asarray([KINDS.index(r.kind) for r in table], jnp.int32),
+        count=col("count"),
+        fwd_macs=col("fwd_macs"),
+        fwd_flops=col("fwd_flops"),
+        bwd_data_flops=col("bwd_data_flops"),
+        bwd_weight_flops=col("bwd_weight_flops"),
+        fwd_bytes=col("fwd_bytes"),
+        bwd_bytes=col("bwd_bytes"),
+        params=col("params"),
+        out_elems=col("out_elems"),
+        input_elems=jnp.float32(input_elems),
+        input_bytes_per_sample=jnp.float32(
+            input_elems if input_bytes_per_sample is None else input_bytes_per_sample),
+        name=name,
+        layer_names=tuple(r.name for r in table),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer spec builder (shape inference)
+# ----------------------------------------------------------------------------------------------
+
+
+def _out_size(size: int, kernel: int, stride: int, padding: str | int) -> int:
+    if padding == "same":
+        return -(-size // stride)
+    if padding == "valid":
+        pad = 0
+    elif isinstance(padding, int) and padding >= 0:
+        pad = padding
+    else:
+        raise NetworkError(f"padding={padding!r} is not allowed; allowed: 'same', 'valid' or an int >= 0")
+    out = (size + 2 * pad - kernel) // stride + 1
+    if out < 1:
+        raise NetworkError(f"kernel={kernel} with stride={stride} does not fit input size={size}")
+    return out
+
+
+@dataclasses.dataclass
+class Builder:
+    """Builds a layer list while tracking the activation shape ``(H, W, C)`` (or ``(C,)``).
+
+    Branching networks fork the builder (:meth:`fork`), build each branch, and merge them with
+    :meth:`add` (residual sum) or :meth:`concat` (Inception). Example::
+
+        b = Builder((32, 32, 3))
+        b.conv(16, 3).bn().relu()
+        short = b.fork()
+        b.conv(16, 3).bn().relu().conv(16, 3).bn()
+        b.add(short).relu()
+    """
+
+    shape: tuple[int, ...]
+    layers: list[LayerCost] = dataclasses.field(default_factory=list)
+    first_conv_done: bool = False
+    prefix: str = ""
+
+    def _name(self, kind: str, name: str | None) -> str:
+        return name or f"{self.prefix}{kind}{len(self.layers)}"
+
+    def _elems(self) -> int:
+        return int(np.prod(self.shape))
+
+    def fork(self, prefix: str = "") -> "Builder":
+        """A new builder starting from the current shape; its layers are merged back later."""
+        return Builder(self.shape, [], True, prefix or self.prefix)
+
+    def conv(self, out_channels: int, kernel: int, stride: int = 1, padding: str | int = "same",
+             groups: int = 1, bias: bool = False, name: str | None = None) -> "Builder":
+        """2-D convolution, ``kernel x kernel``, NHWC."""
+        if len(self.shape) != 3:
+            raise NetworkError(f"conv needs an (H, W, C) input, got shape={self.shape}")
+        h, w, c_in = self.shape
+        if c_in % groups or out_channels % groups:
+            raise NetworkError(f"groups={groups} must divide channels {c_in} and {out_channels}")
+        h_out, w_out = _out_size(h, kernel, stride, padding), _out_size(w, kernel, stride, padding)
+        macs = kernel * kernel * (c_in // groups) * out_channels * h_out * w_out
+        in_elems, out_elems = h * w * c_in, h_out * w_out * out_channels
+        params = kernel * kernel * (c_in // groups) * out_channels + (out_channels if bias else 0)
+        bias_flops = out_elems if bias else 0
+        self.layers.append(LayerCost(
+            self._name("conv", name), "conv", macs, 2 * macs + bias_flops,
+            0.0 if not self.first_conv_done else 2 * macs, 2 * macs + bias_flops,
+            BYTES_PER_VALUE * (in_elems + out_elems),
+            BYTES_PER_VALUE * (out_elems + 2 * in_elems),
+            params, out_elems))
+        self.first_conv_done = True
+        self.shape = (h_out, w_out, out_channels)
+        return self
+
+    def dense(self, out_features: int, bias: bool = True, name: str | None = None) -> "Builder":
+        """Fully connected layer; flattens its input."""
+        n_in = self._elems()
+        macs = n_in * out_features
+        params = macs + (out_features if bias else 0)
+        self.layers.append(LayerCost(
+            self._name("dense", name), "dense", macs, 2 * macs + (out_features if bias else 0),
+            0.0 if not self.first_conv_done else 2 * macs, 2 * macs + (out_features if bias else 0),
+            BYTES_PER_VALUE * (n_in + out_features),
+            BYTES_PER_VALUE * (out_features + 2 * n_in),
+            params, out_features))
+        self.first_conv_done = True
+        self.shape = (out_features,)
+        return self
+
+    def bn(self, name: str | None = None) -> "Builder":
+        """Batch norm (training mode): about 8 FLOPs per element forward, 12 backward."""
+        n, c = self._elems(), self.shape[-1]
+        self.layers.append(LayerCost(
+            self._name("bn", name), "norm", 0.0, 8.0 * n, 12.0 * n, 2.0 * n,
+            BYTES_PER_VALUE * 3 * n, BYTES_PER_VALUE * 4 * n, 2 * c, n))
+        return self
+
+    def relu(self, name: str | None = None) -> "Builder":
+        """ReLU (or any element-wise activation): 1 FLOP per element each way."""
+        n = self._elems()
+        self.layers.append(LayerCost(
+            self._name("relu", name), "act", 0.0, float(n), float(n), 0.0,
+            BYTES_PER_VALUE * 2 * n, BYTES_PER_VALUE * 3 * n, 0, n))
+        return self
+
+    def lrn(self, size: int = 5, name: str | None = None) -> "Builder":
+        """Local response normalisation across ``size`` channels (AlexNet, GoogLeNet)."""
+        n = self._elems()
+        self.layers.append(LayerCost(
+            self._name("lrn", name), "norm", 0.0, float((2 * size + 4) * n),
+            float((3 * size + 6) * n), 0.0,
+            BYTES_PER_VALUE * 2 * n, BYTES_PER_VALUE * 4 * n, 0, n))
+        return self
+
+    def pool(self, window: int, stride: int | None = None, padding: str | int = "valid",
+             kind: str = "max", name: str | None = None) -> "Builder":
+        """Max or average pooling."""
+        if kind not in ("max", "avg"):
+            raise NetworkError(f"pool kind={kind!r} is unknown; allowed: max, avg")
+        stride = stride or window
+        h, w, c = self.shape
+        h_out, w_out = _out_size(h, window, stride, padding), _out_size(w, window, stride, padding)
+        out = h_out * w_out * c
+        self.layers.append(LayerCost(
+            self._name(f"{kind}pool", name), "pool", 0.0, float(window * window * out),
+            float(window * window * out), 0.0,
+            BYTES_PER_VALUE * (h * w * c + out), BYTES_PER_VALUE * (2 * h * w * c + out), 0, out))
+        self.shape = (h_out, w_out, c)
+        return self
+
+    def global_avg_pool(self, name: str | None = None) -> "Builder":
+        """Mean over H and W."""
+        h, w, c = self.shape
+        self.layers.append(LayerCost(
+            self._name("gap", name), "pool", 0.0, float(h * w * c), float(h * w * c), 0.0,
+            BYTES_PER_VALUE * (h * w * c + c), BYTES_PER_VALUE * (h * w * c + c), 0, c))
+        self.shape = (c,)
+        return self
+
+    def add(self, other: "Builder", name: str | None = None) -> "Builder":
+        """Residual sum with another branch (its layers are appended first)."""
+        if tuple(other.shape) != tuple(self.shape):
+            raise NetworkError(f"add: branch shapes differ, {other.shape} vs {self.shape}")
+        self.layers.extend(other.layers)
+        n = self._elems()
+        self.layers.append(LayerCost(
+            self._name("add", name), "add", 0.0, float(n), 0.0, 0.0,
+            BYTES_PER_VALUE * 3 * n, BYTES_PER_VALUE * 2 * n, 0, n))
+        return self
+
+    def concat(self, branches: Sequence["Builder"]) -> "Builder":
+        """Channel concatenation of branches forked from this builder (no cost: a copy XLA fuses)."""
+        hw = {tuple(b.shape[:2]) for b in branches}
+        if len(hw) != 1:
+            raise NetworkError(f"concat: branch spatial shapes differ: {sorted(hw)}")
+        for b in branches:
+            self.layers.extend(b.layers)
+        self.shape = tuple(branches[0].shape[:2]) + (sum(b.shape[2] for b in branches),)
+        return self
+
+    def build(self, input_shape: Sequence[int], name: str, **kwargs: Any) -> NetworkCost:
+        """The cost table of the layers built so far."""
+        return network_from_layers(self.layers, input_shape, name=name, **kwargs)
+
+
+_SPEC_KINDS = ("conv", "dense", "bn", "relu", "lrn", "maxpool", "avgpool", "gap", "flatten",
+               "dropout")
+
+
+def from_spec(spec: Sequence[Sequence[Any]], input_shape: Sequence[int], *,
+              name: str = "spec") -> NetworkCost:
+    """Cost table of a sequential layer spec.
+
+    Each entry is a tuple ``(kind, *args)``, optionally ending with a dict of keyword arguments:
+    ``("conv", out_channels, kernel[, stride])``, ``("dense", out_features)``, ``("bn",)``,
+    ``("relu",)``, ``("lrn",)``, ``("maxpool", window[, stride])``, ``("avgpool", window[, stride])``,
+    ``("gap",)`` (global average pool), ``("flatten",)`` and ``("dropout",)`` (no cost).
+
+    Args:
+      spec: The layers in order.
+      input_shape: Per-sample input shape ``(H, W, C)``.
+      name: Network name.
+
+    Returns:
+      The cost table.
+
+    Raises:
+      NetworkError: an unknown kind or a layer that does not fit its input.
+    """
+    b = Builder(tuple(int(s) for s in input_shape))
+    for i, entry in enumerate(spec):
+        if not entry:
+            raise NetworkError(f"spec[{i}] is empty")
+        kind, *args = entry
+        kwargs = args.pop() if args and isinstance(args[-1], dict) else {}
+        if kind == "conv":
+            b.conv(*args, **kwargs)
+        elif kind == "dense":
+            b.dense(*args, **kwargs)
+        elif kind == "bn":
+            b.bn(**kwargs)
+        elif kind == "relu":
+            b.relu(**kwargs)
+        elif kind == "lrn":
+            b.lrn(*args, **kwargs)
+        elif kind in ("maxpool", "avgpool"):
+            b.pool(*args, kind=kind[:3], **kwargs)
+        elif kind == "gap":
+            b.global_avg_pool(**kwargs)
+        elif kind in ("flatten", "dropout"):
+            pass
+        else:
+            raise NetworkError(f"spec[{i}] kind={kind!r} is unknown; allowed: {', '.join(_SPEC_KINDS)}")
+    return b.build(input_shape, name)
+
+
+# ----------------------------------------------------------------------------------------------
+# The zoo
+# ----------------------------------------------------------------------------------------------
+
+
+def alexnet() -> NetworkCost:
+    """AlexNet as the BVLC Caffe reference model (227x227 input, grouped conv2/4/5, LRN).
+
+    60,965,224 parameters; about 724 M MACs (1.45 GFLOP) forward per image.
+    """
+    b = Builder((227, 227, 3))
+    b.conv(96, 11, 4, "valid", bias=True).relu().lrn().pool(3, 2)
+    b.conv(256, 5, 1, 2, groups=2, bias=True).relu().lrn().pool(3, 2)
+    b.conv(384, 3, 1, 1, bias=True).relu()
+    b.conv(384, 3, 1, 1, groups=2, bias=True).relu()
+    b.conv(256, 3, 1, 1, groups=2, bias=True).relu().pool(3, 2)
+    b.dense(4096).relu().dense(4096).relu().dense(1000)
+    return b.build((227, 227, 3), "alexnet")
+
+
+def vgg16() -> NetworkCost:
+    """VGG-16 (configuration D), 224x224: 138,357,544 parameters, about 15.5 G MACs forward."""
+    b = Builder((224, 224, 3))
+    for width, reps in ((64, 2), (128, 2), (256, 3), (512, 3), (512, 3)):
+        for _ in range(reps):
+            b.conv(width, 3, bias=True).relu()
+        b.pool(2, 2)
+    b.dense(4096).relu().dense(4096).relu().dense(1000)
+    return b.build((224, 224, 3), "vgg16")
+
+
+def vgg_like(channels: Sequence[int], num_conv: int, input_size: int, pooling: Sequence[int], *,
+             kernel: int = 3, name: str = "vgg_like") -> NetworkCost:
+    """The VGG-like family of the IPSJ report (L layers, L_c of them convolutions).
+
+    Layer l = 1..L_c is a ``kernel x kernel`` convolution ``m_{l-1} -> m_l`` with bias and ReLU,
+    followed by max pooling of size ``p_l`` when ``p_l = 2``, so ``x_l = x_{l-1} / p_l``. Layers
+    L_c+1..L are fully connected ``m_{l-1} -> m_l`` (the first one flattens ``x_{L_c}^2 m_{L_c}``),
+    with ReLU except after the last.
+
+    Args:
+      channels: ``(m_0, ..., m_L)``, with ``m_0 = 3`` for RGB and ``m_L`` the classes.
+      num_conv: ``L_c``.
+      input_size: ``x_0``.
+      pooling: ``(p_1, ..., p_{L_c})``, each 1 or 2.
+      kernel: Convolution size ``c`` (3 in the report).
+      name: Network name.
+
+    Returns:
+      The cost table.
+    """
+    n_layers = len(channels) - 1
+    if not 1 <= num_conv <= n_layers:
+        raise NetworkError(f"num_conv={num_conv} must be in 1..{n_layers} (len(channels) - 1)")
+    if len(pooling) != num_conv or any(p not in (1, 2) for p in pooling):
+        raise NetworkError(f"pooling={tuple(pooling)} must have num_conv={num_conv} entries in {{1, 2}}")
+    b = Builder((input_size, input_size, channels[0]))
+    for layer in range(1, num_conv + 1):
+        b.conv(channels[layer], kernel, bias=True).relu()
+        if pooling[layer - 1] == 2:
+            b.pool(2, 2)
+    for layer in range(num_conv + 1, n_layers + 1):
+        b.dense(channels[layer])
+        if layer < n_layers:
+            b.relu()
+    return b.build((input_size, input_size, channels[0]), name)
+
+
+def _inception(b: Builder, c1: int, c3r: int, c3: int, c5r: int, c5: int, cp: int) -> None:
+    branches = []
+    x = b.fork(); x.conv(c1, 1, bias=True).relu(); branches.append(x)  # noqa: E702
+    x = b.fork(); x.conv(c3r, 1, bias=True).relu().conv(c3, 3, bias=True).relu(); branches.append(x)  # noqa: E702
+    x = b.fork(); x.conv(c5r, 1, bias=True).relu().conv(c5, 5, bias=True).relu(); branches.append(x)  # noqa: E702
+    x = b.fork(); x.pool(3, 1, "same").conv(cp, 1, bias=True).relu(); branches.append(x)  # noqa: E702
+    b.concat(branches)
+
+
+def googlenet() -> NetworkCost:
+    """GoogLeNet / Inception-v1 (BVLC Caffe model, 224x224, without the auxiliary classifiers).
+
+    About 7.0 M parameters and 1.6 G MACs forward (the paper quotes 1.5 G multiply-adds).
+    """
+    b = Builder((224, 224, 3))
+    b.conv(64, 7, 2, bias=True).relu().pool(3, 2, "same").lrn()
+    b.conv(64, 1, bias=True).relu().conv(192, 3, bias=True).relu().lrn().pool(3, 2, "same")
+    _inception(b, 64, 96, 128, 16, 32, 32)
+    _inception(b, 128, 128, 192, 32, 96, 64)
+    b.pool(3, 2, "same")
+    for cfg in ((192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64), (128, 128, 256, 24, 64, 64),
+                (112, 144, 288, 32, 64, 64), (256, 160, 320, 32, 128, 128)):
+        _inception(b, *cfg)
+    b.pool(3, 2, "same")
+    _inception(b, 256, 160, 320, 32, 128, 128)
+    _inception(b, 384, 192, 384, 48, 128, 128)
+    b.global_avg_pool().dense(1000)
+    return b.build((224, 224, 3), "googlenet")
+
+
+def _bottleneck(b: Builder, width: int, stride: int, project: bool, v1_5: bool) -> None:
+    short = b.fork()
+    if project:
+        short.conv(4 * width, 1, stride).bn()
+    s1, s3 = (1, stride) if v1_5 else (stride, 1)
+    b.conv(width, 1, s1).bn().relu().conv(width, 3, s3).bn().relu().conv(4 * width, 1).bn()
+    b.add(short).relu()
+
+
+def resnet50(*, v1_5: bool = True) -> NetworkCost:
+    """ResNet-50 for ImageNet at 224x224: 25,557,032 parameters.
+
+    Forward: about 4.1 G MACs (8.2 GFLOP) for v1.5 (stride on the 3x3 convolution, as in
+    torchvision and the common JAX/TF implementations), 3.9 G MACs for the original v1 (stride on
+    the first 1x1 convolution; the paper's 3.8 G multiply-adds omit the classifier and shortcuts).
+
+    Args:
+      v1_5: Put the stride of the down-sampling blocks on the 3x3 convolution.
+    """
+    b = Builder((224, 224, 3))
+    b.conv(64, 7, 2).bn().relu().pool(3, 2, "same")
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for i in range(blocks):
+            _bottleneck(b, width, 2 if (i == 0 and stage > 0) else 1, i == 0, v1_5)
+    b.global_avg_pool().dense(1000)
+    return b.build((224, 224, 3), "resnet50" if v1_5 else "resnet50_v1")
+
+
+def resnet20(*, shortcut: str = "projection", num_classes: int = 10) -> NetworkCost:
+    """ResNet-20 for CIFAR-10 (32x32), three stages of three basic blocks, widths 16/32/64.
+
+    With 1x1 projection shortcuts (+ batch norm) where the shape changes, as in this project's
+    flax model: 272,474 parameters. With the paper's parameter-free "option A" (zero-padded identity)
+    shortcuts: 269,722 parameters ("0.27 M"). About 41 M MACs forward per image.
+
+    Args:
+      shortcut: ``"projection"`` or ``"identity"`` (option A).
+      num_classes: Classifier width.
+    """
+    if shortcut not in ("projection", "identity"):
+        raise NetworkError(f"shortcut={shortcut!r} is unknown; allowed: projection, identity")
+    b = Builder((32, 32, 3))
+    b.conv(16, 3).bn().relu()
+    for stage, width in enumerate((16, 32, 64)):
+        for i in range(3):
+            stride = 2 if (i == 0 and stage > 0) else 1
+            short = b.fork()
+            if stride != 1 and shortcut == "projection":
+                short.conv(width, 1, stride).bn()
+            elif stride != 1:
+                short.shape = (short.shape[0] // 2, short.shape[1] // 2, width)  # free: slice + pad
+            b.conv(width, 3, stride).bn().relu().conv(width, 3).bn()
+            b.add(short).relu()
+    b.global_avg_pool().dense(num_classes)
+    return b.build((32, 32, 3), "resnet20")
+
+
+def vgg_like_default() -> NetworkCost:
+    """An example member of the VGG-like family: 8 conv layers on 224x224, two 4096-wide FCs."""
+    return vgg_like((3, 64, 128, 256, 256, 512, 512, 512, 512, 4096, 4096, 1000), 8, 224,
+                    (2, 2, 1, 2, 1, 2, 1, 2), name="vgg_like")
+
+
+ZOO: dict[str, Callable[[], NetworkCost]] = {
+    "alexnet": alexnet,
+    "vgg16": vgg16,
+    "googlenet": googlenet,
+    "resnet50": resnet50,
+    "resnet50_v1": lambda: resnet50(v1_5=False),
+    "resnet20": resnet20,
+    "vgg_like": vgg_like_default,
+}
+
+
+def get(name: str) -> NetworkCost:
+    """A zoo network by name (see :data:`ZOO`).
+
+    Raises:
+      NetworkError: unknown name (the message lists the allowed ones).
+    """
+    if name not in ZOO:
+        raise NetworkError(f"network={name!r} is unknown; allowed: {', '.join(sorted(ZOO))}")
+    return ZOO[name]()
+
+
+# ----------------------------------------------------------------------------------------------
+# From a flax model, via XLA's cost analysis
+# ----------------------------------------------------------------------------------------------
+
+
+def _xla_cost(fn: Callable, *args: Any) -> tuple[float, float]:
+    compiled = jax.jit(fn).lower(*args).compile()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax returns one dict per device program
+        cost = cost[0]
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def from_flax(model: Any, input_shape: Sequence[int], *, name: str | None = None,
+              apply_kwargs: dict[str, Any] | None = None, batch_sizes: tuple[int, int] = (2, 4),
+              seed: int = 0) -> NetworkCost:
+    """Cost table of a flax linen model from XLA's cost analysis of its jitted passes.
+
+    XLA reports totals for a whole program, so the table has two rows: "forward" (the jitted
+    ``model.apply``) and "backward" (``jax.grad`` of the summed output w.r.t. ``params``, minus the
+    forward). Costs are measured at two batch sizes and split into a per-sample slope and a fixed
+    part; the fixed part of the bytes (weights) is attributed per step by the time model through
+    ``params``. XLA counts a multiply-add as 2 FLOPs; ``fwd_macs`` is reported as half of the
+    forward FLOPs (an upper bound on the true MACs, since element-wise FLOPs are included).
+
+    Args:
+      model: A flax linen module; called as ``model.apply(variables, x, **apply_kwargs)``.
+      input_shape: Per-sample input shape, e.g. ``(32, 32, 3)``.
+      name: Network name (default: the class name).
+      apply_kwargs: Extra keyword arguments for ``apply`` (e.g. ``{"train": True}``); mutable
+        collections other than ``params`` (batch statistics) are made mutable automatically.
+      batch_sizes: Two batch sizes for the linear fit.
+      seed: PRNG seed for ``init``.
+
+    Returns:
+      A two-row :class:`NetworkCost` of kind ``"xla"``.
+    """
+    apply_kwargs = dict(apply_kwargs or {})
+    x0 = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
+    variables = model.init(jax.random.PRNGKey(seed), x0, **apply_kwargs)
+    params = variables["params"]
+    others = {k: v for k, v in variables.items() if k != "params"}
+    mutable = list(others)
+
+    def forward(p, x):
+        out = model.apply({"params": p, **others}, x, mutable=mutable, **apply_kwargs)
+        out = out[0] if mutable else out
+        return jnp.sum(out)
+
+    def forward_backward(p, x):
+        return jax.value_and_grad(forward)(p, x)
+
+    fwd, tot = [], []
+    for bs in batch_sizes:
+        x = jnp.zeros((bs,) + tuple(input_shape), jnp.float32)
+        fwd.append(_xla_cost(forward, params, x))
+        tot.append(_xla_cost(forward_backward, params, x))
+    db = float(batch_sizes[1] - batch_sizes[0])
+    f_flops = (fwd[1][0] - fwd[0][0]) / db
+    f_bytes = (fwd[1][1] - fwd[0][1]) / db
+    t_flops = (tot[1][0] - tot[0][0]) / db
+    t_bytes = (tot[1][1] - tot[0][1]) / db
+    n_params = float(sum(np.prod(v.shape) for v in jax.tree_util.tree_leaves(params)))
+    b_flops, b_bytes = max(t_flops - f_flops, 0.0), max(t_bytes - f_bytes, 0.0)
+    # Activation memory: forward output bytes per sample as a proxy (XLA does not report it).
+    rows = [
+        LayerCost("forward", "xla", f_flops / 2, f_flops, 0.0, 0.0, f_bytes, 0.0, n_params,
+                  f_bytes / BYTES_PER_VALUE / 2),
+        LayerCost("backward", "xla", 0.0, 0.0, b_flops, 0.0, 0.0, b_bytes, 0.0, 0.0),
+    ]
+    return network_from_layers(rows, input_shape, name=name or type(model).__name__, merge=False)
+
+
+def conv_flops(h_out: int, w_out: int, c_in: int, c_out: int, kernel: int, groups: int = 1) -> int:
+    """Forward FLOPs of one convolution per sample: ``2 k^2 (C_in / groups) C_out H_out W_out``."""
+    return 2 * kernel * kernel * (c_in // groups) * c_out * h_out * w_out
+
+
+def describe(net: NetworkCost) -> str:
+    """A short human-readable summary line (params, MACs, GFLOP per sample)."""
+    s = net.summary()
+    return (f"{net.name}: {s['params'] / 1e6:.3f} M params, {s['fwd_macs'] / 1e9:.3f} G MACs "
+            f"({s['fwd_flops'] / 1e9:.3f} GFLOP) forward, {s['train_flops'] / 1e9:.3f} GFLOP "
+            f"forward+backward per sample, {net.num_layers} layers ({len(net.layer_names)} distinct)")
+
+
+__all__ = [
+    "BYTES_PER_VALUE", "KINDS", "Builder", "LayerCost", "NetworkCost", "NetworkError", "ZOO",
+    "alexnet", "conv_flops", "describe", "from_flax", "from_spec", "get", "googlenet",
+    "network_from_layers", "resnet20", "resnet50", "vgg16", "vgg_like",
+]

@@ -1,0 +1,108 @@
+"""Datasets, preprocessing, shuffling, host slicing; TFDS through mock data only (never a download)."""
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from jaxsprint import data
+from jaxsprint.errors import ConfigError, DataError
+
+
+def test_digits_fixed_split_and_resize():
+    ds = data.load_digits(16)
+    assert (ds.num_train, ds.num_test) == (1500, 297)
+    assert ds.train.images.shape == (1500, 16, 16, 1) and ds.train.images.dtype == np.uint8
+    again = data.load_digits(16)
+    np.testing.assert_array_equal(ds.test.labels, again.test.labels)
+    assert set(np.unique(ds.train.labels)) == set(range(10))
+    # Real images: the 8x8 originals upsampled keep their mean intensity (within rounding).
+    raw = data.load_digits(8)
+    assert abs(raw.train.images.mean() - ds.train.images.mean()) < 2.0
+
+
+def test_eval_preprocess_is_normalisation_at_native_size():
+    x = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 1)).astype(np.uint8)
+    y = data.eval_preprocess(jnp.asarray(x), out_size=8, mean=(100.0,), std=(50.0,))
+    np.testing.assert_allclose(y, (x - 100.0) / 50.0, rtol=1e-6)
+
+
+def test_eval_centre_crop_of_a_constant_border_image():
+    x = np.zeros((1, 32, 32, 3), np.float32)
+    x[:, 4:28, 4:28] = 200.0
+    y = data.eval_preprocess(jnp.asarray(x), out_size=16, crop_fraction=0.75)  # crop 24x24 at 4..28
+    np.testing.assert_allclose(y, 200.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["rrc", "pad_crop", "none"])
+def test_train_preprocess_shapes_and_determinism(kind):
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 256, (6, 12, 12, 3)).astype(np.uint8))
+    f = lambda key: data.train_preprocess(key, x, out_size=8, kind=kind, pad=2, flip=True)  # noqa: E731
+    a, b, c = f(jax.random.key(0)), f(jax.random.key(0)), f(jax.random.key(1))
+    assert a.shape == (6, 8, 8, 3) and a.dtype == jnp.float32
+    np.testing.assert_array_equal(a, b)
+    if kind != "none":
+        assert not np.allclose(a, c)
+    assert float(a.min()) >= -1e-3 and float(a.max()) <= 255.0 + 1e-3
+
+
+def test_random_resized_crop_box_respects_ranges():
+    keys = jax.random.split(jax.random.key(0), 2000)
+    y0, x0, h, w = jax.vmap(lambda k: data.random_resized_crop_box(k, 32, 32, (0.25, 0.5), (0.75, 1.333)))(keys)
+    area = np.asarray(h * w) / (32 * 32)
+    assert area.min() >= 0.25 - 1e-4 and area.max() <= 0.5 + 1e-4
+    ratio = np.asarray(w / h)
+    assert ratio.min() >= 0.75 - 1e-3 and ratio.max() <= 1.334
+    assert np.all(np.asarray(y0) >= 0) and np.all(np.asarray(y0 + h) <= 32 + 1e-4)
+    assert np.all(np.asarray(x0 + w) <= 32 + 1e-4)
+
+
+def test_shuffling_is_deterministic_per_epoch_and_covers_the_data():
+    a = data.epoch_permutation(3, 0, 100)
+    np.testing.assert_array_equal(a, data.epoch_permutation(3, 0, 100))
+    assert not np.array_equal(a, data.epoch_permutation(3, 1, 100))
+    assert sorted(a) == list(range(100))
+    seen = np.concatenate([data.train_batch_indices(3, s, 100, 32) for s in range(3)])  # 3 steps = epoch 0
+    assert len(set(seen)) == 96
+    np.testing.assert_array_equal(data.train_batch_indices(3, 3, 100, 32), data.epoch_permutation(3, 1, 100)[:32])
+
+
+def test_host_slices_partition_the_global_batch():
+    idx = np.arange(64) * 7
+    parts = [data.host_slice(idx, p, 4) for p in range(4)]
+    np.testing.assert_array_equal(np.concatenate(parts), idx)
+
+
+def test_eval_batches_cover_each_example_once():
+    seen = []
+    for idx, mask in data.eval_batches(21, 8):
+        assert len(idx) == 8
+        seen += list(idx[mask > 0])
+    assert seen == list(range(21))
+
+
+def test_tfds_mock_cifar10_and_imagenet_read_through_data_source(tmp_path):
+    with tfds.testing.mock_data(num_examples=12):
+        ds = data.load_tfds("cifar10", str(tmp_path), image_size=32)
+        b = ds.train.get_batch(np.arange(5))
+        assert b["image"].shape == (5, 32, 32, 3) and b["image"].dtype == np.uint8
+        assert ds.num_classes == 10 and ds.eval_crop_fraction == 1.0
+        inet = data.load_tfds("imagenet2012", str(tmp_path), image_size=16, test_split="validation")
+        b = inet.train.get_batch(np.arange(4))  # variable-size JPEGs squared to the load size
+        assert b["image"].shape == (4, 18, 18, 3) and inet.num_classes == 1000
+
+
+def test_unprepared_tfds_dataset_fails_fast_with_instructions(tmp_path):
+    t = time.time()
+    with pytest.raises(DataError, match="tfds build cifar10"):
+        data.load_tfds("cifar10", str(tmp_path), image_size=32)
+    assert time.time() - t < 30  # no download attempt
+
+
+def test_tfds_needs_data_dir_and_a_known_name(tmp_path):
+    with pytest.raises(ConfigError, match="config.data_dir"):
+        data.load_tfds("cifar10", None, image_size=32)
+    with pytest.raises(ConfigError, match="config.dataset"):
+        data.load_tfds("no_such_dataset_xyz", str(tmp_path), image_size=32)

@@ -1,0 +1,99 @@
+"""Train step invariants: sharded == unsharded, ghost BN differs, accumulation, exact resume, NaN guard."""
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import testing
+from jaxsprint import train
+from jaxsprint.errors import ConfigError, NonFiniteError
+
+
+def _config(**kw):
+    c = testing.get_config()
+    c.optimizer.name, c.optimizer.momentum, c.lr.scaling = "sgd", 0.9, "none"
+    for k, v in kw.items():
+        node, *rest = k.split(".")
+        if rest:
+            c[node][rest[0]] = v
+        else:
+            c[k] = v
+    return c
+
+
+def _one_step(config, images, labels):
+    exp = train.build_experiment(config)
+    state = exp.init_state()
+    x = exp.eval_preprocess(images)  # deterministic input: no augmentation randomness
+    state, metrics = exp.train_step(state, x, labels)
+    return jax.device_get((state.params, state.batch_stats, metrics))
+
+
+def _batch(n=64):
+    from jaxsprint import data
+
+    ds = data.load_digits(8)
+    b = ds.train.get_batch(np.arange(n))
+    return b["image"], b["label"]
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_global_bn_on_8_devices_equals_1_device():
+    images, labels = _batch()
+    p8, s8, m8 = _one_step(_config(num_devices=8, **{"bn.reduction": "global"}), images, labels)
+    p1, s1, m1 = _one_step(_config(num_devices=1, **{"bn.reduction": "global"}), images, labels)
+    assert _max_diff(p8, p1) < 1e-5
+    assert _max_diff(s8, s1) < 1e-5
+    assert abs(float(m8["loss"]) - float(m1["loss"])) < 1e-5
+    # Ghost BN (each device normalises its 8 examples) is measurably different.
+    pd, sd, _ = _one_step(_config(num_devices=8, **{"bn.reduction": "per_device"}), images, labels)
+    assert _max_diff(pd, p1) > 1e-4
+    assert _max_diff(sd, s1) > 1e-4
+
+
+def test_per_device_bn_on_8_devices_equals_group_bn_on_1_device():
+    images, labels = _batch()
+    pd, sd, _ = _one_step(_config(num_devices=8, **{"bn.reduction": "per_device"}), images, labels)
+    pg, sg, _ = _one_step(_config(num_devices=1, **{"bn.reduction": "group", "bn.group_size": 8}), images, labels)
+    assert _max_diff(pd, pg) < 1e-5 and _max_diff(sd, sg) < 1e-5
+
+
+def test_accumulation_equals_one_large_batch_without_bn():
+    images, labels = _batch()
+    base = dict(model="tiny_nobn", num_devices=8)
+    p1, _, m1 = _one_step(_config(grad_accum_steps=1, **base), images, labels)
+    p4, _, m4 = _one_step(_config(grad_accum_steps=4, **base), images, labels)
+    assert _max_diff(p1, p4) < 1e-6
+    assert abs(float(m1["loss"]) - float(m4["loss"])) < 1e-5
+
+
+def test_is_time_and_every_steps():
+    assert [s for s in range(1, 11) if train.is_time(s, 4, 10)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if train.is_time(s, 0, 10)] == [10]
+    assert train.every_steps(0.5, 23) == 12 and train.every_steps(0, 23) == 0 and train.every_steps(0.01, 23) == 1
+
+
+def test_resume_is_bit_identical(tmp_path):
+    c = _config(**{"checkpoint_every_epochs": 0.0})
+    full = train.train_and_evaluate(c, str(tmp_path / "full"))
+    train.train_and_evaluate(c, str(tmp_path / "split"), stop_after_steps=3)
+    resumed = train.train_and_evaluate(c, str(tmp_path / "split"))
+    assert resumed["steps"] == full["steps"] == 6
+    for a, b in zip(jax.tree.leaves(jax.device_get(full["state"])), jax.tree.leaves(jax.device_get(resumed["state"]))):
+        np.testing.assert_array_equal(a, b)
+    assert (tmp_path / "full" / "metrics.jsonl").exists() and (tmp_path / "full" / "summary.json").exists()
+    assert any((tmp_path / "full" / "tensorboard").iterdir())
+
+
+def test_nan_guard_names_the_step(tmp_path):
+    c = _config(**{"lr.base": 1e30, "log_every_steps": 1})
+    with pytest.raises(NonFiniteError) as e:
+        train.train_and_evaluate(c, str(tmp_path))
+    assert 1 <= e.value.step <= 6 and f"step {e.value.step}" in str(e.value)
+
+
+def test_batch_not_divisible_by_devices_is_a_config_error():
+    with pytest.raises(ConfigError, match="config.batch_size"):
+        train.validate_config(_config(batch_size=60), 8)
