@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Data.
     c.dataset = "digits"            # "digits" (built in) or a TFDS image dataset name read from data_dir
-    c.data_dir = None               # TFDS data directory (ArrayRecord); unused for digits
+    c.data_dir = ml_collections.config_dict.placeholder(str)  # TFDS data dir (ArrayRecord); unused for digits
     c.train_split = "train"
     c.test_split = "test"
     c.image_size = 16               # digits are resized from 8x8 to this
