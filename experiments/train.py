@@ -27,6 +27,8 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-pro
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if flags.FLAGS["verbosity"].using_default_value:
+        logging.set_verbosity(logging.WARNING)  # libraries (orbax) log every save at INFO
     try:
         from jaxsprint import parallel, train
 

@@ -414,7 +414,10 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
         if is_time(step, eval_every, end_step):
             last_eval = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
             writer.write(step, {f"eval_{k}": v for k, v in last_eval.items()})
-            logging.info("step %d: eval accuracy %.4f loss %.4f", step, last_eval["accuracy"], last_eval["loss"])
+            msg = (f"step {step}/{hp.total_steps} (epoch {step / hp.steps_per_epoch:.1f}): eval accuracy "
+                   f"{100 * last_eval['accuracy']:.2f}% loss {last_eval['loss']:.4f}")
+            if jax.process_index() == 0:
+                (progress.write if progress is not None else print)(msg)
             t_prev = time.time()  # evaluation is not step time
         if is_time(step, ckpt_every, end_step):
             save_checkpoint(manager, step, state)
