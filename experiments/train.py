@@ -27,10 +27,12 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-pro
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if flags.FLAGS["verbosity"].using_default_value:
-        logging.set_verbosity(logging.WARNING)  # libraries (orbax) log every save at INFO
+    quiet = not flags.FLAGS["verbosity"].present
     try:
         from jaxsprint import parallel, train
+
+        if quiet:  # libraries (orbax) log every save at INFO; set after their imports, which reset it
+            logging.set_verbosity(logging.WARNING)
 
         if _CONFIG.value is None:
             raise JaxsprintError("--config is required (e.g. --config=experiments/configs/default.py)")
