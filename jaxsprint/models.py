@@ -77,6 +77,12 @@ class BatchNorm(nn.Module):
         scale = self.param("scale", self.scale_init, (c,), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
 
+        # Exact moments of this layer's input over the whole (masked) batch, for Final Polishing. Under jit
+        # with a sharded batch these are global sums, so the split over devices does not change them.
+        if self.is_mutable_collection("bn_moments"):
+            self.sow("bn_moments", "moments", _masked_moments(x, tuple(range(x.ndim - 1)), mask),
+                     reduce_fn=lambda prev, new: new, init_fn=lambda: ())
+
         if use_running_average:
             mean, var = ra_mean.value, ra_var.value
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
@@ -84,11 +90,6 @@ class BatchNorm(nn.Module):
             return y.astype(self.dtype)
 
         reduce_axes = tuple(range(x.ndim - 1))
-        # Exact moments of the whole (masked) batch, for Final Polishing.
-        if self.is_mutable_collection("bn_moments"):
-            self.sow("bn_moments", "moments", _masked_moments(x, reduce_axes, mask),
-                     reduce_fn=lambda prev, new: new, init_fn=lambda: ())
-
         xf = x.astype(jnp.float32)
         n = x.shape[0]
         if self.group_size is None or self.group_size >= n:

@@ -1,0 +1,145 @@
+"""Final Polishing: BatchNorm statistics recomputed from un-augmented training images with the final weights.
+
+Kasagi et al. (HPDC 2020) and Yamazaki et al. (arXiv 1903.12650) "adjust the means and variances in the batch
+normalization and mitigate the difference of normalization between validation datasets and augmented training
+datasets". Their public implementation switches the last epochs to un-augmented images while training goes
+on (offered here as ``polish.mode = "no_augment_epochs"``). This module is the pure form: a pass of forward
+computations that returns new population statistics and leaves every parameter untouched.
+
+The statistics are exact population statistics, not an EMA:
+  * every forward pass normalises with fixed statistics (no batch statistics), so the input of each
+    BatchNorm is a per-example function of the data and its moments do not depend on how the data were
+    batched or split over devices;
+  * each BatchNorm sows the masked ``(count, mean, M2)`` of its input over the global batch (sums reduced
+    exactly across devices and hosts by XLA, padding masked out), and batches are merged with Chan et al.'s
+    pairwise update in float32:
+        n = n_a + n_b,  d = mean_b - mean_a,  mean = mean_a + d n_b / n,  M2 = M2_a + M2_b + d^2 n_a n_b / n;
+  * the variance is the population (biased) variance M2 / n, as BatchNorm uses at inference.
+Layer l's input depends on the statistics of the layers before it. Pass 1 normalises with the given (EMA)
+statistics; each further pass uses the statistics of the previous one, so after ``num_passes`` = depth the
+result is exactly self-consistent, and in practice 2 passes agree with more to well under 1e-3 (tested).
+
+References:
+  Chan, Golub, LeVeque, "Algorithms for computing the sample variance", 1983 (pairwise merge).
+  He et al. 2016 (population statistics after training); Wu & Johnson 2021, "Rethinking 'Batch' in BatchNorm".
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxsprint import parallel
+
+POLISH_MODES = ("none", "recompute", "no_augment_epochs", "both")
+
+
+def merge_moments(a: tuple, b: tuple) -> tuple:
+    """Chan et al.'s merge of (count, mean, M2) triples (any matching shapes; float32)."""
+    n_a, mean_a, m2_a = a
+    n_b, mean_b, m2_b = b
+    n = n_a + n_b
+    safe = jnp.maximum(n, 1.0)
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / safe)
+    m2 = m2_a + m2_b + jnp.square(delta) * (n_a * n_b / safe)
+    return n, mean, m2
+
+
+def _is_triple(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 3 and not isinstance(x[0], (dict, tuple))
+
+
+def moments_to_batch_stats(moments: Mapping) -> dict:
+    """{'...': {'moments': (n, mean, M2)}} -> {'...': {'mean': mean, 'var': M2 / n}} (batch_stats layout)."""
+    if "moments" in moments and _is_triple(moments["moments"]):
+        n, mean, m2 = moments["moments"]
+        return {"mean": mean, "var": m2 / jnp.maximum(n, 1.0)}
+    return {k: moments_to_batch_stats(v) for k, v in moments.items()}
+
+
+def make_moments_fn(model) -> Callable:
+    """``fn(variables, images, mask) -> moments tree`` of every BatchNorm input, normalising with fixed stats."""
+
+    def fn(variables, images, mask):
+        _, sown = model.apply(variables, images, train=False, mask=mask, mutable=["bn_moments"])
+        return flax.core.unfreeze(sown["bn_moments"])
+
+    return fn
+
+
+def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable[Mapping[str, np.ndarray]], *,
+                          mesh: Mesh | None = None, num_samples: int | None = 10_000, num_passes: int = 2,
+                          preprocess: Callable | None = None, moments_fn: Callable | None = None) -> dict:
+    """Population BatchNorm statistics of un-augmented data under the given weights (Final Polishing).
+
+    Args:
+      model: the flax model (its BatchNorm layers must be `jaxsprint.models.BatchNorm`).
+      variables: ``{"params": ..., "batch_stats": ...}``; never modified.
+      batches: an iterable (re-iterable when `num_passes` > 1, e.g. a list or a callable's result) of
+        dicts with "image" ([B, ...], already preprocessed for evaluation unless `preprocess` is given) and
+        optionally "mask" ([B], 1 for real examples). Every batch must have the same B (pad the last one and
+        mask it); B must be divisible by the mesh size.
+      mesh: shard batches along ``data`` over this mesh (None: default device placement).
+      num_samples: budget in examples (None: every example of `batches`); the batch that crosses it is masked.
+      num_passes: fixed-point passes (see module docstring); 1 uses the given statistics for normalisation.
+      preprocess: optional jittable ``images -> images`` applied on the devices (e.g. eval preprocessing).
+      moments_fn: a pre-jitted `make_moments_fn` result to reuse across calls (compiles once).
+
+    Returns:
+      A new ``batch_stats`` tree with the structure of ``variables["batch_stats"]`` (float32 mean and var).
+    """
+    if num_passes < 1:
+        raise ValueError(f"num_passes={num_passes}: must be >= 1")
+    if moments_fn is None:
+        moments_fn = jit_moments_fn(model, mesh, preprocess)
+    batches = batches if isinstance(batches, (list, tuple)) else list(batches)
+    params = variables["params"]
+    stats = variables["batch_stats"]
+    merge = _jitted_merge()
+    for _ in range(num_passes):
+        total = None
+        used = 0
+        for batch in batches:
+            images = np.asarray(batch["image"])
+            mask = np.asarray(batch.get("mask", np.ones(len(images), np.float32)), np.float32)
+            if num_samples is not None:
+                room = num_samples - used
+                if room <= 0:
+                    break
+                keep = np.cumsum(mask) <= room
+                mask = mask * keep
+            used += int(mask.sum())
+            if mesh is not None:
+                arrays = parallel.shard_batch({"image": images, "mask": mask}, mesh)
+                images, mask = arrays["image"], arrays["mask"]
+            m = moments_fn({"params": params, "batch_stats": stats}, images, mask)
+            total = m if total is None else merge(total, m)
+        if total is None:
+            raise ValueError("recompute_batch_stats: no examples in `batches`")
+        stats = moments_to_batch_stats(total)
+    return jax.tree.map(lambda x: x.astype(jnp.float32), stats)
+
+
+def jit_moments_fn(model, mesh: Mesh | None = None, preprocess: Callable | None = None) -> Callable:
+    """The jitted per-batch moments function (replicated outputs; batch sharded along ``data`` if `mesh`)."""
+    base = make_moments_fn(model)
+    fn = base if preprocess is None else (lambda v, x, m: base(v, preprocess(x), m))
+    if mesh is None:
+        return jax.jit(fn)
+    rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
+    return jax.jit(fn, in_shardings=(rep, dat, dat), out_shardings=rep)
+
+
+_MERGE = None
+
+
+def _jitted_merge():
+    global _MERGE
+    if _MERGE is None:
+        _MERGE = jax.jit(lambda a, b: jax.tree.map(merge_moments, a, b, is_leaf=_is_triple))
+    return _MERGE
