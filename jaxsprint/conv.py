@@ -12,8 +12,26 @@ _DN = lax.ConvDimensionNumbers((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 class Impl(NamedTuple):
     dw: str = "xla"
     dx: str = "xla"
-    barrier: bool = True
+    barrier: bool = False
+    mat: str = "none"
     chunks: int = 1
+
+
+def _materialize(x, w, how):
+    if how == "none":
+        return x
+    if how == "cond":
+        p = jnp.isfinite(w.reshape(-1)[0])
+        return lax.cond(p, lambda a: a, lambda a: jnp.zeros_like(a), x)
+    if how == "while":
+        n = jnp.isfinite(w.reshape(-1)[0]).astype(jnp.int32)
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.where(c[0] < 0, 0, c[1])),
+                              (jnp.int32(0), x))[1]
+    if how == "conv":
+        c = x.shape[-1]
+        return lax.conv_general_dilated(x, jnp.eye(c, dtype=x.dtype)[None, None], (1, 1), "VALID",
+                                        dimension_numbers=_DN)
+    raise ValueError(how)
 
 
 def _fwd_conv(x, w, strides, pads, precision):
@@ -27,7 +45,7 @@ def _conv(x, w, strides, pads, precision, impl):
 
 def _conv_fwd(x, w, strides, pads, precision, impl):
     y = _fwd_conv(x, w, strides, pads, precision)
-    res = (x, w)
+    res = (_materialize(x, w, impl.mat), w)
     if impl.barrier:
         res = lax.optimization_barrier(res)
     return y, res
@@ -38,6 +56,10 @@ def _taps(xp, kh, kw, strides, ho, wo):
     n, _, _, c = xp.shape
     return [lax.slice(xp, (0, i, j, 0), (n, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, c), (1, sh, sw, 1))
             for i in range(kh) for j in range(kw)]
+
+
+def _dw_xla(x, w, dy, strides, pads, precision):
+    return jax.vjp(lambda b: _fwd_conv(x, b, strides, pads, precision), w)[1](dy)[0]
 
 
 def _dw_taps(x, w, dy, strides, pads, precision):
@@ -74,13 +96,11 @@ def _chunked(f, nc):
 
 def _conv_bwd(strides, pads, precision, impl, res, dy):
     x, w = res
+    dy = _materialize(dy, w, impl.mat)
     if impl.dx == "xla":
         dx = jax.vjp(lambda a: _fwd_conv(a, w, strides, pads, precision), x)[1](dy)[0]
-    if impl.dw == "xla":
-        dw = jax.vjp(lambda b: _fwd_conv(x, b, strides, pads, precision), w)[1](dy)[0]
-    else:
-        f = {"taps": _dw_taps, "im2col": _dw_im2col}[impl.dw]
-        dw = _chunked(f, impl.chunks)(x, w, dy, strides, pads, precision)
+    f = {"taps": _dw_taps, "im2col": _dw_im2col, "xla": _dw_xla}[impl.dw]
+    dw = _chunked(f, impl.chunks)(x, w, dy, strides, pads, precision)
     return dx, dw
 
 

@@ -34,8 +34,13 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxsprint import parallel
+from jaxsprint.errors import JaxsprintError
 
 POLISH_MODES = ("none", "recompute", "no_augment_epochs", "both")
+
+
+class PolishError(JaxsprintError):
+    """Final Polishing cannot run on these inputs (no BatchNorm, no data, inconsistent batches)."""
 
 
 def merge_moments(a: tuple, b: tuple) -> tuple:
@@ -94,10 +99,24 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
       A new ``batch_stats`` tree with the structure of ``variables["batch_stats"]`` (float32 mean and var).
     """
     if num_passes < 1:
-        raise ValueError(f"num_passes={num_passes}: must be >= 1")
+        raise PolishError(f"invalid num_passes={num_passes}: must be >= 1")
+    if not jax.tree.leaves(variables.get("batch_stats", {})):
+        raise PolishError("nothing to polish: the model has no BatchNorm statistics (variables['batch_stats'] "
+                          "is empty)")
+    batches = batches if isinstance(batches, (list, tuple)) else list(batches)
+    if not batches:
+        raise PolishError("no batches to polish with: the iterable of batches is empty")
+    shape = np.shape(batches[0]["image"])
+    for i, batch in enumerate(batches):
+        if np.shape(batch["image"]) != shape:
+            raise PolishError(f"batch {i} has image shape {np.shape(batch['image'])}, batch 0 has {shape}: every "
+                              "batch must have the same shape (pad the last one and mask it)")
+        if "mask" in batch and np.shape(batch["mask"]) != shape[:1]:
+            raise PolishError(f"batch {i} has mask shape {np.shape(batch['mask'])}: allowed {shape[:1]}")
+    if mesh is not None and shape[0] % mesh.size:
+        raise PolishError(f"batch size {shape[0]} is not divisible by the {mesh.size} devices of the mesh")
     if moments_fn is None:
         moments_fn = jit_moments_fn(model, mesh, preprocess)
-    batches = batches if isinstance(batches, (list, tuple)) else list(batches)
     params = variables["params"]
     stats = variables["batch_stats"]
     merge = _jitted_merge()
@@ -120,7 +139,7 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
             m = moments_fn({"params": params, "batch_stats": stats}, images, mask)
             total = m if total is None else merge(total, m)
         if total is None:
-            raise ValueError("recompute_batch_stats: no examples in `batches`")
+            raise PolishError("no examples to polish with (every mask is zero or num_samples is 0)")
         stats = moments_to_batch_stats(total)
     return jax.tree.map(lambda x: x.astype(jnp.float32), stats)
 

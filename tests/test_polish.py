@@ -117,3 +117,17 @@ def test_merge_matches_numpy_on_skewed_data():
     allx = np.concatenate(parts).astype(np.float64)
     np.testing.assert_allclose(acc[1], allx.mean(0), rtol=1e-6)
     np.testing.assert_allclose(acc[2] / acc[0], allx.var(0), rtol=1e-3)
+
+
+def test_bad_inputs_are_clear_errors():
+    model, variables, x = _setup(n=16)
+    with pytest.raises(polish.PolishError, match="empty"):
+        polish.recompute_batch_stats(model, variables, iter([]))
+    bad = _batches(x, 8)
+    bad[1] = {"image": bad[1]["image"][:4]}
+    with pytest.raises(polish.PolishError, match="same shape"):
+        polish.recompute_batch_stats(model, variables, bad)
+    nobn = models.create_model("tiny_nobn", num_classes=10)
+    v = nobn.init(jax.random.key(0), x[:2], train=False)
+    with pytest.raises(polish.PolishError, match="nothing to polish"):
+        polish.recompute_batch_stats(nobn, v, _batches(x, 8))

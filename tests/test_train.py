@@ -24,7 +24,7 @@ def _one_step(config, images, labels):
     exp = train.build_experiment(config)
     state = exp.init_state()
     x = exp.eval_preprocess(images)  # deterministic input: no augmentation randomness
-    state, metrics = exp.train_step(state, x, labels)
+    state, metrics = exp.train_step(state, x, labels, np.ones(len(labels), np.float32))
     return jax.device_get((state.params, state.batch_stats, metrics))
 
 
@@ -97,3 +97,50 @@ def test_nan_guard_names_the_step(tmp_path):
 def test_batch_not_divisible_by_devices_is_a_config_error():
     with pytest.raises(ConfigError, match="config.batch_size"):
         train.validate_config(_config(batch_size=60), 8)
+
+
+def test_polish_none_reproduces_the_unpolished_run_and_checkpoint_keeps_both(tmp_path):
+    plain = train.train_and_evaluate(_config(), str(tmp_path / "none"))
+    pol = train.train_and_evaluate(_config(**{"polish.mode": "recompute"}), str(tmp_path / "rec"))
+    for a, b in zip(jax.tree.leaves(jax.device_get(plain["state"])), jax.tree.leaves(jax.device_get(pol["state"]))):
+        np.testing.assert_array_equal(a, b)
+    assert plain["eval_accuracy"] == pol["eval_accuracy"] and np.isnan(plain["eval_polished_accuracy"])
+    assert 0.0 <= pol["eval_polished_accuracy"] <= 1.0
+    # The last checkpoint keeps the EMA and the polished statistics; resuming reads both back.
+    again = train.train_and_evaluate(_config(**{"polish.mode": "recompute"}), str(tmp_path / "rec"))
+    for a, b in zip(jax.tree.leaves(jax.device_get(pol["polished_batch_stats"])),
+                    jax.tree.leaves(jax.device_get(again["polished_batch_stats"]))):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(jax.device_get(pol["polished_batch_stats"])),
+        jax.tree.leaves(jax.device_get(pol["state"].batch_stats))))
+
+
+def test_async_emulation_resume_is_exact_and_histograms_are_logged(tmp_path):
+    kw = {"async_emulation.enabled": True, "async_emulation.max_staleness": 3,
+          "async_emulation.sampler": "uniform", "async_emulation.staleness": 3,
+          "async_emulation.mitigation": "staleness_lr+dc_asgd", "async_emulation.num_sub_batches": 8,
+          "async_emulation.k_pmf": (0, 0, 0, 0, 0.5, 0, 0, 0, 0.5), "log_every_steps": 1}
+    full = train.train_and_evaluate(_config(**kw), str(tmp_path / "full"))
+    train.train_and_evaluate(_config(**kw), str(tmp_path / "split"), stop_after_steps=4)
+    resumed = train.train_and_evaluate(_config(**kw), str(tmp_path / "split"))
+    for a, b in zip(jax.tree.leaves(jax.device_get(full["state"])), jax.tree.leaves(jax.device_get(resumed["state"]))):
+        np.testing.assert_array_equal(a, b)
+    assert sum(full["staleness_hist"]) == 6 and len(full["staleness_hist"]) == 4
+    k = full["minibatch_hist"]
+    assert sum(k) == 6 and k[4] + k[8] == 6
+
+
+def test_async_emulation_at_zero_staleness_equals_plain_training(tmp_path):
+    plain = train.train_and_evaluate(_config(), str(tmp_path / "plain"))
+    kw = {"async_emulation.enabled": True, "async_emulation.max_staleness": 2, "async_emulation.staleness": 0}
+    delayed = train.train_and_evaluate(_config(**kw), str(tmp_path / "delayed"))
+    np.testing.assert_array_equal(jax.device_get(plain["state"].params["Dense_0"]["kernel"]),
+                                  jax.device_get(delayed["state"].params["Dense_0"]["kernel"]))
+
+
+def test_bad_async_config_names_the_field():
+    c = _config(**{"async_emulation.enabled": True, "async_emulation.sampler": "pmf",
+                   "async_emulation.pmf": (0.5, 0.6), "async_emulation.max_staleness": 1})
+    with pytest.raises(ConfigError, match="config.async_emulation"):
+        train.make_async_emulation(c)

@@ -70,6 +70,34 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.lamb_eps = 1e-6
     c.label_smoothing = 0.1
 
+    # Final Polishing (jaxsprint.polish): "none", "recompute" (pure BN-statistics pass after training),
+    # "no_augment_epochs" (the last k epochs read un-augmented training images, Fujitsu's form) or "both".
+    c.polish = ml_collections.ConfigDict()
+    c.polish.mode = "none"
+    c.polish.num_samples = 10_000   # budget of the recompute pass (-1: the whole training set)
+    c.polish.batch_size = 0         # global batch of the pass (0: eval_batch_size)
+    c.polish.num_passes = 2         # fixed-point passes (see jaxsprint/polish.py)
+    c.polish.no_augment_epochs = 5.0  # k (epochs; fractions allowed) for "no_augment_epochs" and "both"
+
+    # Asynchronous-SGD emulation (jaxsprint.staleness): delayed gradients and random mini-batch sizes.
+    c.async_emulation = ml_collections.ConfigDict()
+    c.async_emulation.enabled = False
+    c.async_emulation.max_staleness = 0      # ring-buffer depth - 1
+    c.async_emulation.sampler = "constant"   # "constant", "uniform", "geometric", "pmf" or "perf_model"
+    c.async_emulation.staleness = 0          # constant tau, or max of uniform
+    c.async_emulation.mean_staleness = 1.0   # geometric mean
+    c.async_emulation.pmf = ()               # explicit pmf over tau = 0..len-1 for "pmf"
+    c.async_emulation.mitigation = "none"    # "none", "staleness_lr", "dc_asgd" or "staleness_lr+dc_asgd"
+    c.async_emulation.dc_lambda = 0.04
+    c.async_emulation.num_sub_batches = 0    # > 0: each update uses K of this many sub-batches
+    c.async_emulation.k_pmf = ()             # pmf over K = 0..num_sub_batches (k_pmf[0] = 0)
+    # For sampler="perf_model" (and k_pmf from the model when k_pmf is empty and num_sub_batches > 0): the
+    # SPRINT model's predicted distributions for a cluster given by timings (see experiments/predict.py).
+    c.async_emulation.workers = 8
+    c.async_emulation.t_compute_s = 0.1
+    c.async_emulation.t_compute_cv = 0.05
+    c.async_emulation.t_update_s = 0.05
+
     # Loop.
     c.log_every_steps = 10
     c.eval_every_epochs = 10.0

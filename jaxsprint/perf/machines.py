@@ -51,9 +51,17 @@ class Machine:
       efficiency_fwd: Saturated fraction of peak reached by conv/dense forward passes.
       efficiency_bwd_data: Same for the gradient w.r.t. the layer input.
       efficiency_bwd_weight: Same for the gradient w.r.t. the weights.
-      half_efficiency_flops: Work (FLOPs of one layer call) at which a layer reaches half of its
-        saturated efficiency: ``eff(w) = eff_max * w / (w + half_efficiency_flops)``.
-      memory_efficiency: Fraction of the memory bandwidth reached by memory-bound layers.
+      half_efficiency_rows: GEMM rows (batch x output pixels) at which a pass reaches half of its
+        saturated efficiency, ``eff = eff_max * s(rows) s(cols) s(depth)`` with
+        ``s(x) = x / (x + half)``: efficiency grows with the batch and saturates.
+      half_efficiency_cols: The same for GEMM columns (output channels).
+      half_efficiency_depth: The same for the GEMM reduction depth (``k^2`` input channels).
+      efficiency_sharpness: Exponent ``g`` of the saturation, ``s(x) = x^g / (x^g + half^g)``
+        (1: the plain hyperbolic form; larger: a sharper knee, e.g. SIMD width on CPUs).
+      memory_efficiency: Fraction of the memory bandwidth reached by memory-bound layers
+        (activations, residual adds, pooling forward).
+      norm_memory_efficiency: The same for normalisation layers (reductions + element-wise).
+      maxpool_backward_memory_efficiency: The same for the backward pass of max pooling.
       per_layer_overhead_s: Launch / dispatch overhead per layer call (forward; backward counts 2).
       step_overhead_s: Fixed overhead per learner step (framework, synchronisation).
       updater_passes: Passes of the momentum update over the 4P bytes of parameters
@@ -79,8 +87,13 @@ class Machine:
     efficiency_fwd: jax.Array
     efficiency_bwd_data: jax.Array
     efficiency_bwd_weight: jax.Array
-    half_efficiency_flops: jax.Array
+    half_efficiency_rows: jax.Array
+    half_efficiency_cols: jax.Array
+    half_efficiency_depth: jax.Array
+    efficiency_sharpness: jax.Array
     memory_efficiency: jax.Array
+    norm_memory_efficiency: jax.Array
+    maxpool_backward_memory_efficiency: jax.Array
     per_layer_overhead_s: jax.Array
     step_overhead_s: jax.Array
     updater_passes: jax.Array
@@ -95,7 +108,9 @@ _FIELDS = [f for f in Machine.__dataclass_fields__ if f not in ("name", "descrip
 # Assumed efficiency terms for GPUs running cuDNN-era fp32 training (no public per-layer data).
 _GPU_EFFICIENCY = dict(
     efficiency_fwd=0.6, efficiency_bwd_data=0.55, efficiency_bwd_weight=0.5,
-    half_efficiency_flops=2e8, memory_efficiency=0.7, per_layer_overhead_s=10e-6,
+    half_efficiency_rows=2048.0, half_efficiency_cols=16.0, half_efficiency_depth=16.0,
+    efficiency_sharpness=1.0, memory_efficiency=0.7, norm_memory_efficiency=0.5,
+    maxpool_backward_memory_efficiency=0.5, per_layer_overhead_s=10e-6,
     step_overhead_s=1e-3, updater_passes=5.0, updater_overhead_s=1e-3)
 _GPU_EFFICIENCY_SOURCE = (
     "efficiency_*", "assumed (cuDNN-era fp32 convolutions reach 50-60% of peak on large layers); "
@@ -239,15 +254,18 @@ def _dgx(gpu: str) -> Machine:
 # Calibrated on this machine by scripts/calibrate_compute.py (see docs/perf-model.md).
 CPU_CALIBRATION = dict(
     efficiency_fwd=0.42, efficiency_bwd_data=0.35, efficiency_bwd_weight=0.06,
-    half_efficiency_flops=2e6, memory_efficiency=0.5, per_layer_overhead_s=20e-6,
+    half_efficiency_rows=64.0, half_efficiency_cols=10.0, half_efficiency_depth=10.0,
+    efficiency_sharpness=2.0, memory_efficiency=0.5, norm_memory_efficiency=0.2,
+    maxpool_backward_memory_efficiency=0.03, per_layer_overhead_s=20e-6,
     step_overhead_s=1e-3)
 
 
 def _cpu() -> Machine:
     return make_machine(
-        "cpu", "this machine: 2 cores of an AMD EPYC, JAX CPU devices (fake devices share the cores)",
+        "cpu", "this machine: one learner per core of a 2-core AMD EPYC (XLA:CPU, one thread each)",
         {
-            "peak_flops_per_s": "docs/cpu-performance.md: 2 cores x AVX-512/FMA, fp32 peak about 157 GFLOP/s",
+            "peak_flops_per_s": "docs/cpu-performance.md: fp32 peak about 157 GFLOP/s for 2 cores "
+                                "(AVX-512 FMA), so 78.5 per core",
             "memory_bandwidth_bytes_per_s": "assumed: about 20 GB/s for 2 cores (numpy copy of a large array)",
             "device_memory_bytes": "assumed: 8 GB of host RAM available to JAX",
             "host_device_bandwidth_bytes_per_s": "host memory copy: same as memory bandwidth",
@@ -258,15 +276,15 @@ def _cpu() -> Machine:
             "intra_node_latency_s": "assumed 5 us",
             "storage_bandwidth_bytes_per_s": "in-memory data: assumed 10 GB/s",
             "max_nodes": "one node",
-            "gpus_per_node": "up to 8 fake CPU devices (they share the 2 cores; the model does not "
-                             "divide the peak among them)",
+            "gpus_per_node": "2 cores = 2 learners (more fake CPU devices would share the cores, "
+                             "which the model does not describe)",
             "efficiency_*": "calibrated by scripts/calibrate_compute.py on this machine",
         },
-        peak_flops_per_s=157e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
+        peak_flops_per_s=78.5e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
         host_device_bandwidth_bytes_per_s=20 * GB, host_memory_bandwidth_bytes_per_s=10 * GB,
         network_bandwidth_bytes_per_s=10 * GB, network_latency_s=5e-6,
         intra_node_bandwidth_bytes_per_s=10 * GB, intra_node_latency_s=5e-6,
-        storage_bandwidth_bytes_per_s=10 * GB, max_nodes=1, gpus_per_node=8,
+        storage_bandwidth_bytes_per_s=10 * GB, max_nodes=1, gpus_per_node=2,
         updater_passes=5.0, updater_overhead_s=1e-4, **CPU_CALIBRATION)
 
 

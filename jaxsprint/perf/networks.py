@@ -50,8 +50,10 @@ from flax import struct
 BYTES_PER_VALUE = 4  # fp32 activations, weights and gradients
 
 # Layer kinds. Matmul-like kinds run at a compute efficiency; the others are memory bound.
-KINDS = ("conv", "dense", "norm", "act", "pool", "add", "xla")
-KIND_CONV, KIND_DENSE, KIND_NORM, KIND_ACT, KIND_POOL, KIND_ADD, KIND_XLA = range(len(KINDS))
+# "maxpool" is separate from "pool" (average / global pooling) because its backward pass is a
+# select-and-scatter, much slower than a broadcast on some back ends (XLA:CPU).
+KINDS = ("conv", "dense", "norm", "act", "pool", "maxpool", "add", "xla")
+KIND_CONV, KIND_DENSE, KIND_NORM, KIND_ACT, KIND_POOL, KIND_MAXPOOL, KIND_ADD, KIND_XLA = range(len(KINDS))
 
 
 class NetworkError(ValueError):
@@ -72,6 +74,12 @@ class LayerCost(NamedTuple):
       bwd_bytes: Activation bytes per sample read and written by the backward pass.
       params: Trainable parameters (per network, not per sample).
       out_elems: Output elements per sample (kept for the backward pass: memory).
+      rows: GEMM rows per sample of the forward pass (``H_out W_out``; 1 for dense; 0 = unknown).
+      cols: GEMM columns of the forward pass (``C_out / groups``).
+      depth: GEMM reduction depth of the forward pass (``k^2 C_in / groups``).
+      in_rows, in_cols, in_depth: The same for the input-gradient pass (``H_in W_in``,
+        ``C_in / groups``, ``k^2 C_out / groups``). The weight-gradient pass is the GEMM
+        ``[depth x (b rows)] x [(b rows) x cols]``.
       count: How many identical copies of this layer the network has.
     """
 
@@ -85,6 +93,12 @@ class LayerCost(NamedTuple):
     bwd_bytes: float
     params: float
     out_elems: float
+    rows: float = 0.0
+    cols: float = 0.0
+    depth: float = 0.0
+    in_rows: float = 0.0
+    in_cols: float = 0.0
+    in_depth: float = 0.0
     count: int = 1
 
 
@@ -103,6 +117,7 @@ class NetworkCost:
       fwd_macs, fwd_flops, bwd_data_flops, bwd_weight_flops, fwd_bytes, bwd_bytes: per sample.
       params: parameters per row (per copy).
       out_elems: output elements per sample per row (per copy).
+      rows, cols, depth, in_rows, in_cols, in_depth: GEMM shapes (see :class:`LayerCost`).
       input_elems: input elements per sample (e.g. 224*224*3).
       input_bytes_per_sample: bytes read from storage per sample (uint8 image: H*W*C).
     """
@@ -117,6 +132,12 @@ class NetworkCost:
     bwd_bytes: jax.Array
     params: jax.Array
     out_elems: jax.Array
+    rows: jax.Array
+    cols: jax.Array
+    depth: jax.Array
+    in_rows: jax.Array
+    in_cols: jax.Array
+    in_depth: jax.Array
     input_elems: jax.Array
     input_bytes_per_sample: jax.Array
     name: str = struct.field(pytree_node=False, default="network")
@@ -215,6 +236,12 @@ def network_from_layers(
         bwd_bytes=col("bwd_bytes"),
         params=col("params"),
         out_elems=col("out_elems"),
+        rows=col("rows"),
+        cols=col("cols"),
+        depth=col("depth"),
+        in_rows=col("in_rows"),
+        in_cols=col("in_cols"),
+        in_depth=col("in_depth"),
         input_elems=jnp.float32(input_elems),
         input_bytes_per_sample=jnp.float32(
             input_elems if input_bytes_per_sample is None else input_bytes_per_sample),
@@ -290,7 +317,9 @@ class Builder:
             0.0 if not self.first_conv_done else 2 * macs, 2 * macs + bias_flops,
             BYTES_PER_VALUE * (in_elems + out_elems),
             BYTES_PER_VALUE * (out_elems + 2 * in_elems),
-            params, out_elems))
+            params, out_elems, h_out * w_out, out_channels // groups,
+            kernel * kernel * c_in // groups, h * w, c_in // groups,
+            kernel * kernel * out_channels // groups))
         self.first_conv_done = True
         self.shape = (h_out, w_out, out_channels)
         return self
@@ -305,7 +334,7 @@ class Builder:
             0.0 if not self.first_conv_done else 2 * macs, 2 * macs + (out_features if bias else 0),
             BYTES_PER_VALUE * (n_in + out_features),
             BYTES_PER_VALUE * (out_features + 2 * n_in),
-            params, out_features))
+            params, out_features, 1, out_features, n_in, 1, n_in, out_features))
         self.first_conv_done = True
         self.shape = (out_features,)
         return self
@@ -345,7 +374,8 @@ class Builder:
         h_out, w_out = _out_size(h, window, stride, padding), _out_size(w, window, stride, padding)
         out = h_out * w_out * c
         self.layers.append(LayerCost(
-            self._name(f"{kind}pool", name), "pool", 0.0, float(window * window * out),
+            self._name(f"{kind}pool", name), "maxpool" if kind == "max" else "pool", 0.0,
+            float(window * window * out),
             float(window * window * out), 0.0,
             BYTES_PER_VALUE * (h * w * c + out), BYTES_PER_VALUE * (2 * h * w * c + out), 0, out))
         self.shape = (h_out, w_out, c)

@@ -17,11 +17,12 @@ staleness of a gradient read at version ``v`` and applied in the update publishi
 .. math::
     T_c(b) = t_{input} + t_{copy} + t_{step} + \sum_l n_l \big(t^{f}_l(b) + t^{b}_l(b)
              + 3\,t_{layer}\big), \qquad
-    t_l(b) = \mathrm{smax}\Big(\sum_p \frac{b F_{l,p}}{\pi\,e_p(b F_{l,p})},
+    t_l(b) = \mathrm{smax}\Big(\sum_p \frac{b F_{l,p}}{\pi\,e_{l,p}(b)},
              \frac{b A_l + W_l}{\beta_{mem}\,e_{mem}}\Big)
 
-with ``e_p(w) = e_p^max w / (w + w_half)`` the efficiency of pass ``p`` (forward, input gradient,
-weight gradient) that grows with the work of the layer call and saturates, ``pi`` the peak FLOP/s,
+with ``e_p = e_p^max s(rows) s(cols) s(depth)``, ``s(x) = x / (x + x_half)``, the efficiency of
+pass ``p`` (forward, input gradient, weight gradient) as a GEMM: it grows with the batch (rows =
+batch x pixels) and the channel counts and saturates; ``pi`` is the peak FLOP/s,
 ``A_l`` activation bytes per sample, ``W_l`` weight bytes, ``smax`` a smooth maximum (the
 roofline), ``t_input = b * input_bytes * gpus_per_node / storage_bw`` and ``t_copy = 2 * 4P /
 pcie_bw`` (weights down, gradient up). The updater cycle:
@@ -73,7 +74,8 @@ from jax.scipy.special import gammainc, gammaincc, gammaln, ndtr
 
 from jaxsprint.perf import collectives
 from jaxsprint.perf.machines import Machine
-from jaxsprint.perf.networks import BYTES_PER_VALUE, KIND_CONV, KIND_DENSE, KIND_XLA, NetworkCost
+from jaxsprint.perf.networks import (BYTES_PER_VALUE, KIND_CONV, KIND_DENSE, KIND_MAXPOOL,
+                                     KIND_NORM, KIND_XLA, NetworkCost)
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 SMOOTH_MAX_EPS = 0.05  # relative width of the roofline's smooth corner
@@ -99,15 +101,23 @@ def smooth_max(a: jax.Array, b: jax.Array, eps: float = SMOOTH_MAX_EPS) -> jax.A
     return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (eps * s) ** 2))
 
 
-def _efficient_time(work_flops: jax.Array, peak: jax.Array, eff_max: jax.Array,
-                    half: jax.Array) -> jax.Array:
-    # w / (peak * e_max * w / (w + h)) = (w + h) / (peak * e_max); zero work costs nothing.
-    return jnp.where(work_flops > 0, (work_flops + half) / (peak * eff_max), 0.0)
+def _slowdown(size: jax.Array, half: jax.Array, sharpness: jax.Array) -> jax.Array:
+    """``1 / s(x)`` with ``s(x) = x^g / (x^g + half^g)``; unknown sizes (0) do not slow down."""
+    return jnp.where(size > 0, 1.0 + (half / jnp.maximum(size, 1e-30)) ** sharpness, 1.0)
 
 
 def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
                   ) -> tuple[jax.Array, jax.Array]:
     """Forward and backward time of one copy of each row of the network's table.
+
+    Matmul-like layers (conv, dense) run each pass as a GEMM at efficiency
+    ``e_p s(rows) s(cols) s(depth)``, ``s(x) = x^g / (x^g + half_x^g)``: forward
+    ``[b H_out W_out x k^2 C_in] x [k^2 C_in x C_out]``, input gradient
+    ``[b H_in W_in x k^2 C_out] x [k^2 C_out x C_in]``, weight gradient
+    ``[k^2 C_in x b H_out W_out] x [b H_out W_out x C_out]``. The time of a pass is the smooth
+    maximum of that compute time and the memory time of its bytes (the roofline). Memory-bound
+    layers move their bytes at ``memory_efficiency`` of the bandwidth (``norm_memory_efficiency``
+    for normalisation, ``maxpool_backward_memory_efficiency`` for the max-pool backward pass).
 
     Args:
       network: Cost table.
@@ -119,21 +129,30 @@ def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
     """
     b = jnp.asarray(sub_batch, jnp.float32)
     m = machine
-    matmul = (network.kind == KIND_CONV) | (network.kind == KIND_DENSE) | (network.kind == KIND_XLA)
-    weight_bytes = BYTES_PER_VALUE * network.params
-    bw = m.memory_bandwidth_bytes_per_s * m.memory_efficiency
+    net = network
+    matmul = (net.kind == KIND_CONV) | (net.kind == KIND_DENSE) | (net.kind == KIND_XLA)
+    weight_bytes = BYTES_PER_VALUE * net.params
+    norm = net.kind == KIND_NORM
+    bw_fwd = m.memory_bandwidth_bytes_per_s * jnp.where(norm, m.norm_memory_efficiency,
+                                                        m.memory_efficiency)
+    bw_bwd = m.memory_bandwidth_bytes_per_s * jnp.where(
+        norm, m.norm_memory_efficiency,
+        jnp.where(net.kind == KIND_MAXPOOL, m.maxpool_backward_memory_efficiency,
+                  m.memory_efficiency))
+    hr, hc, hd = m.half_efficiency_rows, m.half_efficiency_cols, m.half_efficiency_depth
+    g = m.efficiency_sharpness
 
-    def compute(flops, eff_max):
-        work = b * flops
-        return jnp.where(matmul, _efficient_time(work, m.peak_flops_per_s, eff_max,
-                                                 m.half_efficiency_flops),
-                         work / m.peak_flops_per_s)
+    def gemm(flops, eff_max, rows, cols, depth):
+        slow = _slowdown(rows, hr, g) * _slowdown(cols, hc, g) * _slowdown(depth, hd, g)
+        return jnp.where(matmul, b * flops * slow / (m.peak_flops_per_s * eff_max),
+                         b * flops / m.peak_flops_per_s)
 
-    t_fwd = smooth_max(compute(network.fwd_flops, m.efficiency_fwd),
-                       (b * network.fwd_bytes + weight_bytes) / bw)
-    t_bwd = smooth_max(compute(network.bwd_data_flops, m.efficiency_bwd_data)
-                       + compute(network.bwd_weight_flops, m.efficiency_bwd_weight),
-                       (b * network.bwd_bytes + 2.0 * weight_bytes) / bw)
+    t_fwd = smooth_max(gemm(net.fwd_flops, m.efficiency_fwd, b * net.rows, net.cols, net.depth),
+                       (b * net.fwd_bytes + weight_bytes) / bw_fwd)
+    t_bwd_compute = (
+        gemm(net.bwd_data_flops, m.efficiency_bwd_data, b * net.in_rows, net.in_cols, net.in_depth)
+        + gemm(net.bwd_weight_flops, m.efficiency_bwd_weight, net.depth, net.cols, b * net.rows))
+    t_bwd = smooth_max(t_bwd_compute, (b * net.bwd_bytes + 2.0 * weight_bytes) / bw_bwd)
     return t_fwd, t_bwd
 
 

@@ -1,0 +1,101 @@
+"""End-to-end tests of experiments/predict.py (subprocesses: absl flags are process-global)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "predict.py")
+KEYS = ["t_compute_s", "t_update_s", "epoch_time_s", "updates_per_epoch", "mean_minibatch",
+        "mean_staleness", "minibatch_pmf", "staleness_pmf"]
+
+
+def _run(args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+
+
+def test_timings_mode_json_has_exactly_the_keys():
+    r = _run(["--workers=64", "--sub_batch=32", "--t_compute=0.1", "--t_compute_cv=0.05",
+              "--t_update=0.037", "--json"])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # exactly one JSON object on stdout
+    assert list(out) == KEYS
+    assert out["mean_minibatch"] == pytest.approx(32 * 64 * 0.037 / 0.1, rel=1e-5)
+    assert out["mean_staleness"] == pytest.approx(0.1 / 0.037 + 1, rel=1e-5)
+    for key, scale in (("minibatch_pmf", 32), ("staleness_pmf", 1)):
+        pmf = out[key]
+        assert sum(pmf.values()) == pytest.approx(1.0, abs=1e-4)
+        assert all(int(k) % scale == 0 for k in pmf)
+        mean = sum(int(k) * p for k, p in pmf.items())
+        assert mean == pytest.approx(out["mean_" + key.split("_")[0]], rel=2e-3)
+
+
+# Many flag sets in one child process: parse + main exactly as app.run does, exit codes recorded.
+_DRIVER = textwrap.dedent("""
+    import contextlib, io, json, sys
+    sys.argv = ["predict.py"]
+    sys.path.insert(0, "experiments")
+    import predict
+    cases = json.loads(sys.stdin.read())
+    results = []
+    for args in cases:
+        predict.FLAGS.unparse_flags()
+        err, out = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                argv = predict.parse_flags(["predict.py", *args])
+                predict.main(argv)
+            except SystemExit as e:
+                code = e.code
+        results.append([code, out.getvalue(), err.getvalue()])
+    print(json.dumps(results))
+""")
+
+CASES = {
+    "spec": (["--machine=tsubame_kfc_dl", "--network=resnet50", "--nodes=16", "--gpus_per_node=8",
+              "--sub_batch=32", "--json"], 0, None),
+    "table": (["--workers=8", "--t_compute=1.0", "--t_update=0.4"], 0, "epoch time"),
+    "zero_workers": (["--workers=0", "--t_compute=0.1", "--t_update=0.04"], 2, "workers=0"),
+    "negative_workers": (["--workers=-3", "--t_compute=0.1", "--t_update=0.04"], 2, "workers=-3"),
+    "nan_time": (["--workers=8", "--t_compute=nan", "--t_update=0.04"], 2, "t_compute=nan"),
+    "inf_time": (["--workers=8", "--t_compute=0.1", "--t_update=inf"], 2, "t_update=inf"),
+    "unknown_machine": (["--machine=tsubame3", "--network=resnet50"], 2,
+                        "machine='tsubame3' is unknown; allowed: tsubame25"),
+    "unknown_network": (["--machine=abci", "--network=resnet51"], 2,
+                        "network='resnet51' is unknown; allowed: alexnet"),
+    "too_big": (["--machine=tsubame25", "--network=vgg16", "--sub_batch=512"], 2,
+                "sub_batch=512 does not fit"),
+    "missing": (["--workers=8", "--t_compute=0.1"], 2, "--t_update is missing"),
+    "mixed": (["--workers=8", "--machine=abci"], 2, "--workers and --machine"),
+    "bad_flag": (["--workers=abc"], 2, "workers"),
+}
+
+
+def test_many_flag_sets_in_one_process():
+    r = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps([c[0] for c in CASES.values()]),
+                       capture_output=True, text=True, cwd=ROOT, timeout=180,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    for (name, (_, code, text)), (got_code, out, err) in zip(CASES.items(), results):
+        assert got_code == code, (name, got_code, err)
+        if code == 2:
+            assert err.startswith("error: ") and "Traceback" not in err, (name, err)
+            assert text in err, (name, err)
+        elif text:
+            assert text in out, (name, out)
+    spec = json.loads(results[0][1])
+    assert list(spec) == KEYS
+    assert spec["t_compute_s"] > 0 and spec["epoch_time_s"] > 0
+
+
+def test_real_launcher_exits_2_on_bad_input():
+    r = _run(["--workers=0", "--t_compute=0.1", "--t_update=0.04"])
+    assert r.returncode == 2
+    assert "workers=0" in r.stderr and "Traceback" not in r.stderr
