@@ -1,0 +1,136 @@
+r"""Asynchronous-SGD study: final accuracy and loss curves vs mean staleness, per distribution and mitigation.
+
+  python experiments/study_async.py --config=experiments/configs/async_study.py --out=docs/async-study
+
+Writes OUT.json (every run; resumable), OUT.md (mean ± std top-1 over seeds) and OUT.png (final accuracy vs
+staleness, and loss curves for the constant-staleness runs).
+"""
+import copy
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Study config (experiments/configs/async_study.py).")
+_OUT = flags.DEFINE_string("out", "docs/async-study", "Output prefix for .json, .md and .png.")
+
+
+def cell_config(base, mean, kind, mitigation, seed):
+    c = copy.deepcopy(base)
+    with c.unlocked():
+        a = c.async_emulation
+        c.seed = int(seed)
+        a.mitigation = mitigation
+        if kind == "constant" or mean == 0:
+            a.sampler, a.staleness, a.max_staleness = "constant", int(mean), int(mean)
+        else:
+            a.sampler, a.mean_staleness, a.max_staleness = "geometric", float(mean), int(min(4 * mean, 64))
+    return c
+
+
+def cells(base):
+    for mean in base.study.mean_staleness:
+        for kind in base.study.kinds:
+            if mean == 0 and kind != base.study.kinds[0]:
+                continue  # staleness 0 is the same run for every distribution
+            for mit in base.study.mitigations:
+                for seed in base.study.seeds:
+                    yield f"tau{mean}_{kind}_{mit}_s{seed}", (mean, kind, mit, seed)
+
+
+def main(argv):
+    del argv
+    from jaxsprint import studies
+
+    logging.set_verbosity(logging.WARNING)
+    base = _CONFIG.value
+    path = _OUT.value + ".json"
+    results = studies.load_json(path, dict)
+    for key, args in cells(base):
+        if key in results:
+            continue
+        t = time.time()
+        r = studies.run_cell(cell_config(base, *args))
+        r["seconds"] = time.time() - t
+        results[key] = r
+        studies.save_json(path, results)
+        status = f"diverged at step {r['diverged_step']}" if r["diverged"] else f"{100 * r['eval_accuracy']:.2f}%"
+        print(f"{key}: {status} ({r['seconds']:.0f} s)", flush=True)
+    write_report(base, results)
+
+
+def values(results, base, mean, kind, mit, field="eval_accuracy"):
+    kind = base.study.kinds[0] if mean == 0 else kind
+    return [results[k][field] for k in (f"tau{mean}_{kind}_{mit}_s{s}" for s in base.study.seeds) if k in results]
+
+
+def write_report(base, results):
+    from jaxsprint import studies
+
+    rows = []
+    for mean in base.study.mean_staleness:
+        for kind in base.study.kinds:
+            if mean == 0 and kind != base.study.kinds[0]:
+                continue
+            rows.append([str(mean), "any" if mean == 0 else kind] +
+                        [studies.fmt_cell(values(results, base, mean, kind, m)) for m in base.study.mitigations])
+    table = studies.markdown_table(["mean staleness", "distribution"] +
+                                   [f"{m} top-1 %" for m in base.study.mitigations], rows)
+    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
+    text = (f"Model {base.model} at {base.image_size}x{base.image_size}, batch {base.batch_size}, "
+            f"{base.num_train_steps} updates, {base.optimizer.name} momentum {base.optimizer.momentum}, peak lr "
+            f"{base.lr.base * base.batch_size / base.lr.reference_batch:g} (cosine), seeds "
+            f"{list(base.study.seeds)}; geometric staleness truncated at 4x its mean (max 64); DC-ASGD lambda "
+            f"{base.async_emulation.dc_lambda}. Test set: 297 images. Total run time {minutes:.0f} min.\n\n"
+            + table + "\n")
+    with open(_OUT.value + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -e '.[plot]'): no plot written")
+        return
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    means = list(base.study.mean_staleness)
+    for kind in base.study.kinds:
+        for mit in base.study.mitigations:
+            ms = [studies.mean_std(values(results, base, m, kind, mit)) for m in means]
+            ax1.errorbar([max(m, 0.5) for m in means], [100 * x[0] for x in ms], yerr=[100 * x[1] for x in ms],
+                         marker="o" if kind == "constant" else "s", capsize=3,
+                         linestyle="-" if kind == "constant" else "--", label=f"{kind}, {mit}")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("mean staleness (0 drawn at 0.5)")
+    ax1.set_ylabel("test top-1 (%)")
+    ax1.set_title("Final accuracy (mean ± std over seeds; missing = diverged)")
+    ax1.legend(fontsize=7)
+    ax1.grid(alpha=0.3)
+    cmap = plt.get_cmap("viridis")
+    for i, mean in enumerate(means):
+        for mit, style in zip(base.study.mitigations, ("-", "--", ":")):
+            key = f"tau{mean}_{base.study.kinds[0]}_{mit}_s{base.study.seeds[0]}"
+            curve = results.get(key, {}).get("loss_curve", [])
+            if curve:
+                x, y = zip(*curve)
+                ax2.plot(x, np.minimum(y, 10.0), style, color=cmap(i / max(len(means) - 1, 1)),
+                         label=f"tau={mean}, {mit}" if mit == base.study.mitigations[0] or i == 0 else None)
+    ax2.set_xlabel("update")
+    ax2.set_ylabel("train loss (clipped at 10)")
+    ax2.set_title(f"Loss curves, constant staleness, seed {base.study.seeds[0]}")
+    ax2.legend(fontsize=7, ncol=2)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(_OUT.value + ".png", dpi=110)
+
+
+if __name__ == "__main__":
+    app.run(main)
