@@ -22,6 +22,7 @@ from typing import Any
 
 from absl import app, flags
 
+from jaxsprint.errors import JaxsprintError
 from jaxsprint.perf import collectives, machines, networks, simulate, sprint
 
 FLAGS = flags.FLAGS
@@ -45,7 +46,7 @@ JSON_KEYS = ("t_compute_s", "t_update_s", "epoch_time_s", "updates_per_epoch", "
              "mean_staleness", "minibatch_pmf", "staleness_pmf")
 
 
-class PredictError(ValueError):
+class PredictError(JaxsprintError):
     """A bad combination of flags (the message names the flags)."""
 
 
@@ -174,8 +175,7 @@ def main(argv: list[str]) -> None:
     try:
         cfg = _resolve(values)
         out, d = run_prediction(cfg)
-    except (PredictError, sprint.SprintError, networks.NetworkError, machines.MachineError,
-            collectives.CollectiveError) as e:
+    except JaxsprintError as e:  # every error of jaxsprint.perf names the field
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if FLAGS.plot:

@@ -30,10 +30,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxsprint.errors import JaxsprintError
+
 ALGORITHMS = ("ring", "tree", "rabenseifner")
 
 
-class CollectiveError(ValueError):
+class CollectiveError(JaxsprintError):
     """Unknown algorithm name."""
 
 

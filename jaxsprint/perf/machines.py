@@ -21,11 +21,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxsprint.errors import JaxsprintError
+
 GB = 1e9
 Gbit = 1e9 / 8
 
 
-class MachineError(ValueError):
+class MachineError(JaxsprintError):
     """Unknown machine name or an invalid figure (the message names the field)."""
 
 
@@ -58,6 +60,11 @@ class Machine:
       half_efficiency_depth: The same for the GEMM reduction depth (``k^2`` input channels).
       efficiency_sharpness: Exponent ``g`` of the saturation, ``s(x) = x^g / (x^g + half^g)``
         (1: the plain hyperbolic form; larger: a sharper knee, e.g. SIMD width on CPUs).
+      cache_bytes: Size of the last-level cache a layer's working set should fit in.
+      cache_miss_slowdown: Extra relative time of a forward or input-gradient GEMM pass whose
+        working set ``ws`` (activations in and out, weights) is much larger than the cache: the
+        pass is slowed by ``1 + cache_miss_slowdown * ws / (ws + cache_bytes)`` (0 disables it).
+      cache_miss_slowdown_weight_grad: The same for the weight-gradient pass.
       memory_efficiency: Fraction of the memory bandwidth reached by memory-bound layers
         (activations, residual adds, pooling forward).
       norm_memory_efficiency: The same for normalisation layers (reductions + element-wise).
@@ -91,6 +98,9 @@ class Machine:
     half_efficiency_cols: jax.Array
     half_efficiency_depth: jax.Array
     efficiency_sharpness: jax.Array
+    cache_bytes: jax.Array
+    cache_miss_slowdown: jax.Array
+    cache_miss_slowdown_weight_grad: jax.Array
     memory_efficiency: jax.Array
     norm_memory_efficiency: jax.Array
     maxpool_backward_memory_efficiency: jax.Array
@@ -108,20 +118,25 @@ _FIELDS = [f for f in Machine.__dataclass_fields__ if f not in ("name", "descrip
 # Assumed efficiency terms for GPUs running cuDNN-era fp32 training (no public per-layer data).
 _GPU_EFFICIENCY = dict(
     efficiency_fwd=0.6, efficiency_bwd_data=0.55, efficiency_bwd_weight=0.5,
-    half_efficiency_rows=2048.0, half_efficiency_cols=16.0, half_efficiency_depth=16.0,
-    efficiency_sharpness=1.0, memory_efficiency=0.7, norm_memory_efficiency=0.5,
+    half_efficiency_rows=512.0, half_efficiency_cols=8.0, half_efficiency_depth=8.0,
+    efficiency_sharpness=1.0, cache_bytes=4e6, cache_miss_slowdown=0.0,
+    cache_miss_slowdown_weight_grad=0.0,
+    memory_efficiency=0.8, norm_memory_efficiency=0.7,
     maxpool_backward_memory_efficiency=0.5, per_layer_overhead_s=10e-6,
     step_overhead_s=1e-3, updater_passes=5.0, updater_overhead_s=1e-3)
 _GPU_EFFICIENCY_SOURCE = (
-    "efficiency_*", "assumed (cuDNN-era fp32 convolutions reach 50-60% of peak on large layers); "
-    "calibrate to measured step times")
+    "efficiency_*", "assumed (cuDNN-era fp32 convolutions reach 50-60% of peak on large layers; "
+    "this gives ResNet-50 at sub-batch 32 about 50 images/s on a K80 die, near published "
+    "benchmarks); calibrate to measured step times (also half_efficiency_*, cache_*, *memory_efficiency, "
+    "*_overhead_s)")
 
 
 def make_machine(name: str, description: str, sources: dict[str, str], **figures: float) -> Machine:
     """Builds a :class:`Machine` from keyword figures (all fields of the dataclass are required).
 
     Raises:
-      MachineError: a missing, non-finite or non-positive figure (zero allowed for overheads).
+      MachineError: a missing, non-finite or non-positive figure (zero allowed for overheads and
+        cache-miss slowdowns).
     """
     missing = [f for f in _FIELDS if f not in figures]
     if missing:
@@ -129,7 +144,7 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
     for field, value in figures.items():
         if field not in _FIELDS:
             raise MachineError(f"machine field {field!r} is unknown; allowed: {', '.join(_FIELDS)}")
-        allow_zero = field.endswith("overhead_s")
+        allow_zero = field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
         v = float(value)
         if not (v == v and abs(v) != float("inf")) or v < 0 or (v == 0 and not allow_zero):
             raise MachineError(f"machine {name!r}: {field}={value!r} must be finite and "
@@ -251,22 +266,26 @@ def _dgx(gpu: str) -> Machine:
         **_GPU_EFFICIENCY)
 
 
-# Calibrated on this machine by scripts/calibrate_compute.py (see docs/perf-model.md).
+# Calibrated on this machine by scripts/calibrate_compute.py on 20 of 40 small CNN train steps
+# (single-threaded XLA:CPU, CPU time); held-out median error 6.0% (docs/perf-model.md).
 CPU_CALIBRATION = dict(
-    efficiency_fwd=0.42, efficiency_bwd_data=0.35, efficiency_bwd_weight=0.06,
-    half_efficiency_rows=64.0, half_efficiency_cols=10.0, half_efficiency_depth=10.0,
-    efficiency_sharpness=2.0, memory_efficiency=0.5, norm_memory_efficiency=0.2,
-    maxpool_backward_memory_efficiency=0.03, per_layer_overhead_s=20e-6,
-    step_overhead_s=1e-3)
+    efficiency_fwd=1.0, efficiency_bwd_data=1.0, efficiency_bwd_weight=1.0,
+    half_efficiency_rows=87.68, half_efficiency_cols=7.769, half_efficiency_depth=52.91,
+    efficiency_sharpness=2.0, cache_bytes=55.92e6, cache_miss_slowdown=0.0,
+    cache_miss_slowdown_weight_grad=10.0, memory_efficiency=1.0, norm_memory_efficiency=0.4004,
+    maxpool_backward_memory_efficiency=0.9631, per_layer_overhead_s=2e-6, step_overhead_s=2e-5)
 
 
 def _cpu() -> Machine:
     return make_machine(
         "cpu", "this machine: one learner per core of a 2-core AMD EPYC (XLA:CPU, one thread each)",
         {
-            "peak_flops_per_s": "docs/cpu-performance.md: fp32 peak about 157 GFLOP/s for 2 cores "
-                                "(AVX-512 FMA), so 78.5 per core",
-            "memory_bandwidth_bytes_per_s": "assumed: about 20 GB/s for 2 cores (numpy copy of a large array)",
+            "peak_flops_per_s": "measured: a single-threaded 512x512 fp32 matmul (XLA:CPU) runs "
+                                "104 GFLOP per CPU-second, above the 78.5 per core at base clock "
+                                "of docs/cpu-performance.md (157 for 2 cores): boost clock",
+            "memory_bandwidth_bytes_per_s": "measured: a single-threaded numpy copy of 200 MB moves "
+                                            "about 30 GB/s (read + write); the preset uses 20 and the "
+                                            "calibrated memory efficiencies are relative to it",
             "device_memory_bytes": "assumed: 8 GB of host RAM available to JAX",
             "host_device_bandwidth_bytes_per_s": "host memory copy: same as memory bandwidth",
             "host_memory_bandwidth_bytes_per_s": "assumed: 10 GB/s for one updater thread",
@@ -278,9 +297,13 @@ def _cpu() -> Machine:
             "max_nodes": "one node",
             "gpus_per_node": "2 cores = 2 learners (more fake CPU devices would share the cores, "
                              "which the model does not describe)",
-            "efficiency_*": "calibrated by scripts/calibrate_compute.py on this machine",
+            "efficiency_*": "scripts/calibrate_compute.py on this machine: fitted efficiency_fwd "
+                            "(= efficiency_bwd_data), efficiency_bwd_weight, half_efficiency_*, "
+                            "cache_bytes, cache_miss_slowdown_weight_grad, norm and max-pool memory "
+                            "efficiencies; chosen: sharpness 2, no forward cache slowdown, "
+                            "memory_efficiency 1, overheads 2 us per layer and 20 us per step",
         },
-        peak_flops_per_s=78.5e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
+        peak_flops_per_s=104e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
         host_device_bandwidth_bytes_per_s=20 * GB, host_memory_bandwidth_bytes_per_s=10 * GB,
         network_bandwidth_bytes_per_s=10 * GB, network_latency_s=5e-6,
         intra_node_bandwidth_bytes_per_s=10 * GB, intra_node_latency_s=5e-6,
@@ -317,13 +340,21 @@ def with_figures(machine: Machine, **figures: Any) -> Machine:
     return machine.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in figures.items()})
 
 
+_COMMON_SOURCES = {
+    "updater_passes": "protocol: read the gradient, read + write the momentum, read + write the weights",
+    "updater_overhead_s": "assumed",
+}
+
+
 def describe(machine: Machine) -> str:
     """A table of the machine's figures with their sources."""
-    src = dict(machine.sources)
+    src = {**_COMMON_SOURCES, **dict(machine.sources)}
     lines = [f"{machine.name}: {machine.description}"]
     for field in _FIELDS:
         key = field if field in src else ("efficiency_*" if field in CPU_CALIBRATION else "")
-        lines.append(f"  {field:36s} {float(getattr(machine, field)):12.4g}  {src.get(key, '')}")
+        key = key if key != "efficiency_*" or field == "efficiency_fwd" else "__same__"
+        note = "(see efficiency_fwd)" if key == "__same__" else src.get(key, "")
+        lines.append(f"  {field:36s} {float(getattr(machine, field)):12.4g}  {note}")
     return "\n".join(lines)
 
 

@@ -47,6 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsprint.errors import JaxsprintError
+
 BYTES_PER_VALUE = 4  # fp32 activations, weights and gradients
 
 # Layer kinds. Matmul-like kinds run at a compute efficiency; the others are memory bound.
@@ -56,7 +58,7 @@ KINDS = ("conv", "dense", "norm", "act", "pool", "maxpool", "add", "xla")
 KIND_CONV, KIND_DENSE, KIND_NORM, KIND_ACT, KIND_POOL, KIND_MAXPOOL, KIND_ADD, KIND_XLA = range(len(KINDS))
 
 
-class NetworkError(ValueError):
+class NetworkError(JaxsprintError):
     """A network spec or name that cannot be used (the message names the field)."""
 
 
@@ -593,6 +595,36 @@ def resnet50(*, v1_5: bool = True) -> NetworkCost:
     return b.build((224, 224, 3), "resnet50" if v1_5 else "resnet50_v1")
 
 
+def resnet_cifar(blocks_per_stage: int, *, shortcut: str = "projection", num_classes: int = 10,
+                 name: str | None = None) -> NetworkCost:
+    """CIFAR ResNet-(6n+2) (He et al. 2016, sec. 4.2): three stages of ``n`` basic blocks, widths
+    16/32/64, on 32x32 inputs.
+
+    Args:
+      blocks_per_stage: ``n`` (3 for ResNet-20, 1 for ResNet-8).
+      shortcut: ``"projection"`` (1x1 conv + batch norm where the shape changes, as in this
+        project's flax models) or ``"identity"`` (the paper's parameter-free option A).
+      num_classes: Classifier width.
+      name: Network name (default ``resnet{6n+2}``).
+    """
+    if shortcut not in ("projection", "identity"):
+        raise NetworkError(f"shortcut={shortcut!r} is unknown; allowed: projection, identity")
+    b = Builder((32, 32, 3))
+    b.conv(16, 3).bn().relu()
+    for stage, width in enumerate((16, 32, 64)):
+        for i in range(blocks_per_stage):
+            stride = 2 if (i == 0 and stage > 0) else 1
+            short = b.fork()
+            if stride != 1 and shortcut == "projection":
+                short.conv(width, 1, stride).bn()
+            elif stride != 1:
+                short.shape = (short.shape[0] // 2, short.shape[1] // 2, width)  # free: slice + pad
+            b.conv(width, 3, stride).bn().relu().conv(width, 3).bn()
+            b.add(short).relu()
+    b.global_avg_pool().dense(num_classes)
+    return b.build((32, 32, 3), name or f"resnet{6 * blocks_per_stage + 2}")
+
+
 def resnet20(*, shortcut: str = "projection", num_classes: int = 10) -> NetworkCost:
     """ResNet-20 for CIFAR-10 (32x32), three stages of three basic blocks, widths 16/32/64.
 
@@ -604,22 +636,7 @@ def resnet20(*, shortcut: str = "projection", num_classes: int = 10) -> NetworkC
       shortcut: ``"projection"`` or ``"identity"`` (option A).
       num_classes: Classifier width.
     """
-    if shortcut not in ("projection", "identity"):
-        raise NetworkError(f"shortcut={shortcut!r} is unknown; allowed: projection, identity")
-    b = Builder((32, 32, 3))
-    b.conv(16, 3).bn().relu()
-    for stage, width in enumerate((16, 32, 64)):
-        for i in range(3):
-            stride = 2 if (i == 0 and stage > 0) else 1
-            short = b.fork()
-            if stride != 1 and shortcut == "projection":
-                short.conv(width, 1, stride).bn()
-            elif stride != 1:
-                short.shape = (short.shape[0] // 2, short.shape[1] // 2, width)  # free: slice + pad
-            b.conv(width, 3, stride).bn().relu().conv(width, 3).bn()
-            b.add(short).relu()
-    b.global_avg_pool().dense(num_classes)
-    return b.build((32, 32, 3), "resnet20")
+    return resnet_cifar(3, shortcut=shortcut, num_classes=num_classes, name="resnet20")
 
 
 def vgg_like_default() -> NetworkCost:
@@ -635,6 +652,8 @@ ZOO: dict[str, Callable[[], NetworkCost]] = {
     "resnet50": resnet50,
     "resnet50_v1": lambda: resnet50(v1_5=False),
     "resnet20": resnet20,
+    "resnet8": lambda: resnet_cifar(1),
+    "resnet56": lambda: resnet_cifar(9),
     "vgg_like": vgg_like_default,
 }
 
@@ -695,7 +714,7 @@ def from_flax(model: Any, input_shape: Sequence[int], *, name: str | None = None
     mutable = list(others)
 
     def forward(p, x):
-        out = model.apply({"params": p, **others}, x, mutable=mutable, **apply_kwargs)
+        out = model.apply({"params": p, **others}, x, mutable=mutable or False, **apply_kwargs)
         out = out[0] if mutable else out
         return jnp.sum(out)
 
@@ -739,5 +758,5 @@ def describe(net: NetworkCost) -> str:
 __all__ = [
     "BYTES_PER_VALUE", "KINDS", "Builder", "LayerCost", "NetworkCost", "NetworkError", "ZOO",
     "alexnet", "conv_flops", "describe", "from_flax", "from_spec", "get", "googlenet",
-    "network_from_layers", "resnet20", "resnet50", "vgg16", "vgg_like",
+    "network_from_layers", "resnet20", "resnet50", "resnet_cifar", "vgg16", "vgg_like",
 ]

@@ -32,10 +32,12 @@ import math
 
 import numpy as np
 
+from jaxsprint.errors import JaxsprintError
+
 JITTERS = ("gamma", "lognormal")
 
 
-class SimulationError(ValueError):
+class SimulationError(JaxsprintError):
     """Invalid simulation parameters (the message names the field)."""
 
 
@@ -147,7 +149,7 @@ class _Draws:
 def _plan(n_workers: int, t_compute_s: float, t_update_s: float, n_cycles: int,
           n_replicas: int | None) -> tuple[int, int]:
     if n_replicas is None:
-        n_replicas = int(min(max(n_cycles // 50, 1), 256))
+        n_replicas = int(min(max(n_cycles // 2, 1), 256))
     n_replicas = max(1, min(int(n_replicas), int(n_cycles)))
     return n_replicas, max(1, int(n_cycles) // n_replicas)
 
@@ -163,7 +165,7 @@ def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 
       t_update_s: Updater cycle ``T_u``.
       cv: Coefficient of variation of the learner time (0 = deterministic).
       n_cycles: Updater cycles observed in total (split over the replicas).
-      n_replicas: Independent replicas (default ``min(n_cycles // 50, 256)``).
+      n_replicas: Independent replicas (default ``min(n_cycles // 2, 256)``).
       jitter: ``"gamma"`` or ``"lognormal"``.
       seed: Seed of numpy's PCG64 generator.
       chunk_events: Learners are processed in chunks of about this many events (memory bound).

@@ -64,6 +64,7 @@ each pmf sums to 1.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -72,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammainc, gammaincc, gammaln, ndtr
 
+from jaxsprint.errors import JaxsprintError
 from jaxsprint.perf import collectives
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import (BYTES_PER_VALUE, KIND_CONV, KIND_DENSE, KIND_MAXPOOL,
@@ -82,7 +84,7 @@ SMOOTH_MAX_EPS = 0.05  # relative width of the roofline's smooth corner
 _GAMMA_EXACT_MAX_SHAPE = 100.0
 
 
-class SprintError(ValueError):
+class SprintError(JaxsprintError):
     """An invalid configuration or timing (the message names the field, value and what is allowed)."""
 
 
@@ -101,36 +103,24 @@ def smooth_max(a: jax.Array, b: jax.Array, eps: float = SMOOTH_MAX_EPS) -> jax.A
     return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (eps * s) ** 2))
 
 
-def _slowdown(size: jax.Array, half: jax.Array, sharpness: jax.Array) -> jax.Array:
-    """``1 / s(x)`` with ``s(x) = x^g / (x^g + half^g)``; unknown sizes (0) do not slow down."""
-    return jnp.where(size > 0, 1.0 + (half / jnp.maximum(size, 1e-30)) ** sharpness, 1.0)
+def _slowdown(log_size: jax.Array, known: jax.Array, half: jax.Array,
+              sharpness: jax.Array) -> jax.Array:
+    """``1 / s(x) = 1 + (half / x)^g`` from ``log x``; unknown sizes (``known`` False) cost 1.
 
-
-def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
-    """Forward and backward time of one copy of each row of the network's table.
-
-    Matmul-like layers (conv, dense) run each pass as a GEMM at efficiency
-    ``e_p s(rows) s(cols) s(depth)``, ``s(x) = x^g / (x^g + half_x^g)``: forward
-    ``[b H_out W_out x k^2 C_in] x [k^2 C_in x C_out]``, input gradient
-    ``[b H_in W_in x k^2 C_out] x [k^2 C_out x C_in]``, weight gradient
-    ``[k^2 C_in x b H_out W_out] x [b H_out W_out x C_out]``. The time of a pass is the smooth
-    maximum of that compute time and the memory time of its bytes (the roofline). Memory-bound
-    layers move their bytes at ``memory_efficiency`` of the bandwidth (``norm_memory_efficiency``
-    for normalisation, ``maxpool_backward_memory_efficiency`` for the max-pool backward pass).
-
-    Args:
-      network: Cost table.
-      machine: Machine (peak, memory bandwidth, efficiency fields).
-      sub_batch: Samples per learner step (float allowed).
-
-    Returns:
-      ``(t_forward_s, t_backward_s)``, each of shape ``[rows]``, without per-layer overheads.
+    Taking logs once (``log(b rows) = log b + log rows``, the second a constant of the network)
+    leaves one ``exp`` per factor, which keeps vmapped evaluation fast.
     """
+    return jnp.where(known, 1.0 + jnp.exp(sharpness * (jnp.log(half) - log_size)), 1.0)
+
+
+def _layer_times(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
+                 matmul: jax.Array | bool | None = None) -> tuple[jax.Array, jax.Array]:
+    """Core of :func:`layer_times_s`; ``matmul`` may be a static bool for a homogeneous table."""
     b = jnp.asarray(sub_batch, jnp.float32)
     m = machine
     net = network
-    matmul = (net.kind == KIND_CONV) | (net.kind == KIND_DENSE) | (net.kind == KIND_XLA)
+    if matmul is None:
+        matmul = (net.kind == KIND_CONV) | (net.kind == KIND_DENSE) | (net.kind == KIND_XLA)
     weight_bytes = BYTES_PER_VALUE * net.params
     norm = net.kind == KIND_NORM
     bw_fwd = m.memory_bandwidth_bytes_per_s * jnp.where(norm, m.norm_memory_efficiency,
@@ -142,25 +132,103 @@ def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
     hr, hc, hd = m.half_efficiency_rows, m.half_efficiency_cols, m.half_efficiency_depth
     g = m.efficiency_sharpness
 
-    def gemm(flops, eff_max, rows, cols, depth):
-        slow = _slowdown(rows, hr, g) * _slowdown(cols, hc, g) * _slowdown(depth, hd, g)
-        return jnp.where(matmul, b * flops * slow / (m.peak_flops_per_s * eff_max),
-                         b * flops / m.peak_flops_per_s)
+    log_b = jnp.log(b)
 
-    t_fwd = smooth_max(gemm(net.fwd_flops, m.efficiency_fwd, b * net.rows, net.cols, net.depth),
+    def log_of(x):  # (log x, known); unknown sizes get a harmless finite log
+        return jnp.where(x > 0, jnp.log(jnp.maximum(x, 1e-30)), 0.0), x > 0
+
+    (l_rows, k_rows), (l_cols, k_cols), (l_depth, k_depth) = map(
+        log_of, (net.rows, net.cols, net.depth))
+    (l_irows, k_irows), (l_icols, k_icols), (l_idepth, k_idepth) = map(
+        log_of, (net.in_rows, net.in_cols, net.in_depth))
+
+    def gemm(flops, eff_max, rows, cols, depth, working_set_bytes, cache_slowdown):
+        # rows, cols, depth: (log size, known) pairs.
+        plain = b * flops / m.peak_flops_per_s
+        if matmul is False:
+            return plain
+        slow = (_slowdown(*rows, hr, g) * _slowdown(*cols, hc, g) * _slowdown(*depth, hd, g))
+        slow = slow * (1.0 + cache_slowdown * working_set_bytes / (working_set_bytes + m.cache_bytes))
+        if matmul is True:
+            return plain * slow / eff_max
+        return jnp.where(matmul, plain * slow / eff_max, plain)
+
+    ws_fwd, ws_bwd = b * net.fwd_bytes + weight_bytes, b * net.bwd_bytes + 2.0 * weight_bytes
+    t_fwd = smooth_max(gemm(net.fwd_flops, m.efficiency_fwd, (log_b + l_rows, k_rows),
+                            (l_cols, k_cols), (l_depth, k_depth), ws_fwd, m.cache_miss_slowdown),
                        (b * net.fwd_bytes + weight_bytes) / bw_fwd)
     t_bwd_compute = (
-        gemm(net.bwd_data_flops, m.efficiency_bwd_data, b * net.in_rows, net.in_cols, net.in_depth)
-        + gemm(net.bwd_weight_flops, m.efficiency_bwd_weight, net.depth, net.cols, b * net.rows))
+        gemm(net.bwd_data_flops, m.efficiency_bwd_data, (log_b + l_irows, k_irows),
+             (l_icols, k_icols), (l_idepth, k_idepth), ws_bwd, m.cache_miss_slowdown)
+        + gemm(net.bwd_weight_flops, m.efficiency_bwd_weight, (l_depth, k_depth), (l_cols, k_cols),
+               (log_b + l_rows, k_rows), ws_bwd, m.cache_miss_slowdown_weight_grad))
     t_bwd = smooth_max(t_bwd_compute, (b * net.bwd_bytes + 2.0 * weight_bytes) / bw_bwd)
     return t_fwd, t_bwd
 
 
+def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Forward and backward time of one copy of each row of the network's table.
+
+    Matmul-like layers (conv, dense) run each pass as a GEMM at efficiency
+    ``e_p s(rows) s(cols) s(depth)``, ``s(x) = x^g / (x^g + half_x^g)``: forward
+    ``[b H_out W_out x k^2 C_in] x [k^2 C_in x C_out]``, input gradient
+    ``[b H_in W_in x k^2 C_out] x [k^2 C_out x C_in]``, weight gradient
+    ``[k^2 C_in x b H_out W_out] x [b H_out W_out x C_out]``. The time of a pass is the smooth
+    maximum of that compute time and the memory time of its bytes (the roofline). A GEMM whose
+    working set (activation bytes of the pass plus weights) outgrows the cache is slowed by
+    ``1 + k * ws / (ws + cache_bytes)`` (``k``: ``cache_miss_slowdown``, or
+    ``cache_miss_slowdown_weight_grad`` for the weight gradient). Memory-bound
+    layers move their bytes at ``memory_efficiency`` of the bandwidth (``norm_memory_efficiency``
+    for normalisation, ``maxpool_backward_memory_efficiency`` for the max-pool backward pass).
+
+    Args:
+      network: Cost table.
+      machine: Machine (peak, memory bandwidth, efficiency fields).
+      sub_batch: Samples per learner step (float allowed).
+
+    Returns:
+      ``(t_forward_s, t_backward_s)``, each of shape ``[rows]``, without per-layer overheads.
+    """
+    parts = _split_times(network, machine, sub_batch)
+    if parts is None:
+        return _layer_times(network, machine, sub_batch)
+    order = np.argsort(np.concatenate([idx for idx, _ in parts]))
+    t_fwd = jnp.concatenate([f for _, (f, _) in parts])[order]
+    t_bwd = jnp.concatenate([b for _, (_, b) in parts])[order]
+    return t_fwd, t_bwd
+
+
+def _split_times(network: NetworkCost, machine: Machine, sub_batch: jax.Array):
+    """Row times of the GEMM rows and of the memory-bound rows computed separately.
+
+    Returns ``[(row indices, (t_fwd, t_bwd)), ...]``, or None when the table is traced (then the
+    element-wise selection of :func:`_layer_times` is used). Splitting a concrete table halves
+    the work of a vmapped evaluation.
+    """
+    try:
+        kind = np.asarray(network.kind)
+    except jax.errors.TracerArrayConversionError:
+        return None
+    is_mm = np.isin(kind, (KIND_CONV, KIND_DENSE, KIND_XLA))
+    parts = []
+    for mask, flag in ((is_mm, True), (~is_mm, False)):
+        idx = np.nonzero(mask)[0]
+        if idx.size:
+            sub = jax.tree_util.tree_map(lambda a: a[idx] if jnp.ndim(a) == 1 else a, network)
+            parts.append((idx, _layer_times(sub, machine, sub_batch, matmul=flag)))
+    return parts
+
+
 def device_step_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array) -> jax.Array:
     """On-device forward + backward time of one sub-batch, plus per-layer and per-step overheads."""
-    t_fwd, t_bwd = layer_times_s(network, machine, sub_batch)
-    per_layer = t_fwd + t_bwd + 3.0 * machine.per_layer_overhead_s
-    return jnp.sum(network.count * per_layer) + machine.step_overhead_s
+    parts = _split_times(network, machine, sub_batch)
+    if parts is None:
+        parts = [(slice(None), _layer_times(network, machine, sub_batch))]
+    total = machine.step_overhead_s + 3.0 * machine.per_layer_overhead_s * jnp.sum(network.count)
+    for idx, (t_fwd, t_bwd) in parts:
+        total = total + jnp.sum(network.count[idx] * (t_fwd + t_bwd))
+    return total
 
 
 def compute_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
@@ -351,6 +419,7 @@ def _safe_shape(cv: jax.Array) -> tuple[jax.Array, jax.Array]:
 # ----------------------------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnames=("size",))
 def learner_count_pmf(ratio: jax.Array, cv: jax.Array, *, size: int = 128
                       ) -> tuple[jax.Array, jax.Array]:
     """pmf of the gradients ``K_i`` one learner finishes in one updater cycle.
@@ -387,6 +456,7 @@ def learner_count_pmf(ratio: jax.Array, cv: jax.Array, *, size: int = 128
     return k0.astype(jnp.int32), _pmf_from_tail(tail)
 
 
+@functools.partial(jax.jit, static_argnames=("size",))
 def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.Array, jax.Array]:
     """pmf of the staleness ``S`` of a gradient (per gradient, not per update).
 
@@ -419,6 +489,7 @@ def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.
     return s0.astype(jnp.int32), _pmf_from_tail(tail)
 
 
+@functools.partial(jax.jit, static_argnames=("size",))
 def convolve_power(offset: jax.Array, pmf: jax.Array, n: jax.Array, *, size: int
                    ) -> tuple[jax.Array, jax.Array]:
     """pmf of the sum of ``n`` independent copies of a windowed pmf, on a window of ``size``.
@@ -447,9 +518,16 @@ def convolve_power(offset: jax.Array, pmf: jax.Array, n: jax.Array, *, size: int
     mag = jnp.abs(phi)
     safe = jnp.where(mag > 1e-30, phi, 1.0 + 0j)
     phi_n = jnp.where(mag > 1e-30, jnp.exp(n * jnp.log(safe)), 0.0)
-    total = jnp.maximum(jnp.fft.irfft(phi_n, n=size), 0.0)
-    # total[j mod size] = P(sum - n (offset + c) = j); read the window centred on the mean.
+    total = jnp.fft.irfft(phi_n, n=size)
+    # float32 round-off leaves values of order 1e-9 everywhere: keep only the bins within 12
+    # standard deviations of the mean (the variance of a sum of n i.i.d. copies is n Var).
     mean_rel = n * (mean_in - c)
+    var_in = jnp.sum(pmf * (idx - mean_in) ** 2)
+    reach = 12.0 * jnp.sqrt(n * var_in) + 2.0
+    dist = jnp.abs(jnp.mod(jnp.arange(size, dtype=jnp.float32) - jnp.mod(mean_rel, size) + size / 2,
+                           size) - size / 2)
+    total = jnp.where((dist <= reach) & (total > 1e-7 * jnp.max(total)), total, 0.0)
+    # total[j mod size] = P(sum - n (offset + c) = j); read the window centred on the mean.
     start_rel = jnp.round(mean_rel - size / 2)
     base = n * (offset.astype(jnp.float32) + c)
     start = jnp.maximum(base + start_rel, 0.0)
@@ -462,7 +540,7 @@ class Distributions(NamedTuple):
     """Mini-batch (in gradients per update, ``K = B / N_sub``) and staleness pmfs on windows.
 
     ``count_pmf[i] = P(K = count_offset + i)`` and ``staleness_pmf[i] = P(S = staleness_offset + i)``.
-    Means are the exact closed forms; variances are taken from the pmfs.
+    Means are the exact closed forms; variances are taken from the pmfs (``Var K = N Var K_i``).
     """
 
     count_offset: jax.Array
@@ -481,6 +559,7 @@ def _moments(offset: jax.Array, pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     return offset.astype(jnp.float32) + m, jnp.sum(pmf * (x - m) ** 2)
 
 
+@functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size"))
 def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.Array,
                   cv: jax.Array = 0.0, *, learner_size: int = 128, count_size: int = 4096,
                   staleness_size: int = 1024) -> Distributions:
@@ -505,9 +584,9 @@ def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.
     k_off, k_pmf = learner_count_pmf(r, cv, size=learner_size)
     c_off, c_pmf = convolve_power(k_off, k_pmf, n, size=count_size)
     s_off, s_pmf = staleness_pmf(tc / tu, cv, size=staleness_size)
-    _, var_c = _moments(c_off, c_pmf)
+    _, var_k = _moments(k_off, k_pmf)  # learners are independent: Var(K) = N Var(K_i)
     _, var_s = _moments(s_off, s_pmf)
-    return Distributions(c_off, c_pmf, s_off, s_pmf, n * r, var_c, tc / tu + 1.0, var_s)
+    return Distributions(c_off, c_pmf, s_off, s_pmf, n * r, n * var_k, tc / tu + 1.0, var_s)
 
 
 def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv: float
@@ -530,7 +609,8 @@ def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv:
 
 
 def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
-               max_staleness: int, max_count: int) -> tuple[jax.Array, jax.Array]:
+               max_staleness: int, max_count: int, tail: str = "lump"
+               ) -> tuple[jax.Array, jax.Array]:
     """Staleness and mini-batch pmfs on fixed supports, for the asynchronous-staleness emulator.
 
     Args:
@@ -540,25 +620,37 @@ def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: floa
       cv: Coefficient of variation of the learner time (gamma jitter; 0 = deterministic).
       max_staleness: Largest staleness represented.
       max_count: Largest number of sub-batch gradients per update represented.
+      tail: ``"lump"``: the mass above the maximum goes into the last entry (each pmf sums to 1);
+        ``"truncate"``: it is dropped (the caller may renormalise).
 
     Returns:
       ``(staleness, count)``: ``staleness[s] = P(S = s)`` for ``s = 0..max_staleness`` (``S >= 1``
-      under the default protocol, so ``staleness[0] = 0``; the mass above ``max_staleness`` is in
-      the last entry) and ``count[k] = P(K = k)`` for ``k = 0..max_count``, the number of
-      sub-batch gradients per update (mini-batch ``B = N_sub * K``; the mass above ``max_count``
-      is in the last entry). Both are float32 jnp arrays summing to 1. Draw a gradient's delay
-      from ``staleness`` and an update's size from ``count``.
+      under the default protocol, so ``staleness[0] = 0``) and ``count[k] = P(K = k)`` for
+      ``k = 0..max_count``, the number of sub-batch gradients per update (mini-batch
+      ``B = N_sub * K``; ``K = 0`` is an empty cycle). Both are float32 jnp arrays. Draw a
+      gradient's delay from ``staleness`` and an update's size from ``count``.
+
+    Raises:
+      SprintError: invalid timings or ``tail``.
     """
+    validate_timings(int(n_workers), t_compute_s, t_update_s, cv)
+    if tail not in ("lump", "truncate"):
+        raise SprintError(f"tail={tail!r} is unknown; allowed: lump, truncate")
     sizes = suggest_windows(n_workers, t_compute_s, t_update_s, cv)
     d = distributions(n_workers, t_compute_s, t_update_s, cv, **sizes)
-    return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness),
-            to_fixed_support(d.count_offset, d.count_pmf, max_count))
+    lump = tail == "lump"
+    return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness, lump=lump),
+            to_fixed_support(d.count_offset, d.count_pmf, max_count, lump=lump))
 
 
-def to_fixed_support(offset: jax.Array, pmf: jax.Array, max_value: int) -> jax.Array:
-    """A windowed pmf on ``0..max_value``, with the mass above ``max_value`` in the last entry."""
-    idx = jnp.clip(offset + jnp.arange(pmf.shape[-1]), 0, max_value)
-    return jnp.zeros((max_value + 1,), pmf.dtype).at[idx].add(pmf)
+def to_fixed_support(offset: jax.Array, pmf: jax.Array, max_value: int, *, lump: bool = True
+                     ) -> jax.Array:
+    """A windowed pmf on ``0..max_value``; the mass above ``max_value`` is lumped into the last
+    entry (``lump=True``) or dropped."""
+    idx = offset + jnp.arange(pmf.shape[-1])
+    if lump:
+        return jnp.zeros((max_value + 1,), pmf.dtype).at[jnp.clip(idx, 0, max_value)].add(pmf)
+    return jnp.zeros((max_value + 1,), pmf.dtype).at[idx].add(pmf, mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------
