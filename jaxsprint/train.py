@@ -280,14 +280,12 @@ def make_async_emulation(config) -> tuple[optax.GradientTransformation | None, t
 
 
 def conv_fn(impl: str) -> Callable | None:
-    """The convolution primitive for ``config.conv_impl`` (None: XLA's own)."""
+    """The convolution primitive for ``config.conv_impl``: "xla", "fast" or "auto" (fast on CPU only)."""
     if impl == "xla":
         return None
-    try:
-        from jaxsprint import conv as conv_lib
-    except ImportError:  # the fast convolution is optional
-        return None
-    return conv_lib.select_conv(impl)
+    from jaxsprint import conv as conv_lib
+
+    return conv_lib.make_conv(impl)
 
 
 # ----------------------------------------------------------------------------------------------------------
