@@ -50,7 +50,8 @@ def main(argv):
         state, _, step = restored
         before = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
         t0 = time.time()
-        stats = train.run_polish(exp, state)
+        info = {}
+        stats = train.run_polish(exp, state, info)
         seconds = time.time() - t0
         after = exp.evaluate({"params": state.params, "batch_stats": stats})
     except JaxsprintError as e:
@@ -58,7 +59,7 @@ def main(argv):
         sys.exit(2)
     result = {"step": int(step), "ema_accuracy": before["accuracy"], "ema_loss": before["loss"],
               "polished_accuracy": after["accuracy"], "polished_loss": after["loss"], "polish_time_s": seconds,
-              "num_samples": _CONFIG.value.polish.num_samples, "num_passes": _CONFIG.value.polish.num_passes}
+              "num_samples": _CONFIG.value.polish.num_samples, "num_passes": info["passes"], "last_change": info["change"]}
     out_dir = os.path.abspath(os.path.join(_WORKDIR.value, "polished_batch_stats"))
     if jax.process_index() == 0:
         with open(os.path.join(_WORKDIR.value, "polish.json"), "w") as f:
@@ -71,7 +72,7 @@ def main(argv):
         ("eval top-1, EMA statistics", f"{100 * before['accuracy']:.2f}%"),
         ("eval top-1, polished statistics", f"{100 * after['accuracy']:.2f}%"),
         ("eval loss, EMA / polished", f"{before['loss']:.4f} / {after['loss']:.4f}"),
-        ("polishing pass", f"{seconds:.1f} s"),
+        ("polishing", f"{info['passes']} passes, {seconds:.1f} s"),
     ]))
 
 

@@ -5,6 +5,9 @@ From specs (network costs x machine preset):
     .venv/bin/python experiments/predict.py --machine=tsubame_kfc_dl --network=resnet50 \
         --nodes=16 --gpus_per_node=8 --sub_batch=32
 
+With a preset calibrated on this machine (``experiments/calibrate.py``), ``--machine_file=PATH``
+replaces ``--machine``.
+
 From measured timings:
 
     .venv/bin/python experiments/predict.py --workers=64 --sub_batch=32 --t_compute=0.1 \
@@ -23,10 +26,12 @@ from typing import Any
 from absl import app, flags
 
 from jaxsprint.errors import JaxsprintError
-from jaxsprint.perf import collectives, machines, networks, simulate, sprint
+from jaxsprint.perf import calibrate, collectives, machines, networks, simulate, sprint
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("machine", None, f"Machine preset: {', '.join(machines.PRESETS)}.")
+flags.DEFINE_string("machine_file", None, "A calibrated machine preset (JSON written by "
+                    "experiments/calibrate.py) instead of --machine (spec mode).")
 flags.DEFINE_string("network", None, f"Network of the zoo: {', '.join(sorted(networks.ZOO))}.")
 flags.DEFINE_integer("nodes", 1, "Nodes (spec mode).")
 flags.DEFINE_integer("gpus_per_node", None, "Learners per node (spec mode; default: the machine's).")
@@ -53,7 +58,7 @@ class PredictError(JaxsprintError):
 def _resolve(values: dict[str, Any]) -> dict[str, Any]:
     """Validates the flags; returns the configuration (mode, N, T_c, T_u, cv, ...)."""
     timing_flags = [k for k in ("workers", "t_compute", "t_update") if values[k] is not None]
-    spec_flags = [k for k in ("machine", "network") if values[k] is not None]
+    spec_flags = [k for k in ("machine", "machine_file", "network") if values[k] is not None]
     if timing_flags and spec_flags:
         raise PredictError(f"--{timing_flags[0]} and --{spec_flags[0]} were both given; allowed: "
                            "either --machine and --network (spec mode) or --workers, --t_compute "
@@ -69,15 +74,21 @@ def _resolve(values: dict[str, Any]) -> dict[str, Any]:
         return dict(mode="timings", workers=int(values["workers"]), warnings=[],
                     t_compute_s=float(values["t_compute"]), t_update_s=float(values["t_update"]),
                     cv=float(cv), sub_batch=int(b), dataset_size=int(n_file))
+    if values["machine"] is not None and values["machine_file"] is not None:
+        raise PredictError(f"--machine={values['machine']} and --machine_file={values['machine_file']} "
+                           "were both given; allowed: one of them")
     if not spec_flags or len(spec_flags) < 2:
-        missing = "network" if values["machine"] else "machine"
+        missing = "network" if values["machine"] or values["machine_file"] else "machine"
         raise PredictError(f"--{missing} is missing; give --machine and --network (spec mode) or "
                            "--workers, --t_compute and --t_update (timings mode)")
     sprint.validate_timings(1, 1.0, 1.0, cv, b, n_file)
     if values["allreduce"] not in collectives.ALGORITHMS:
         raise PredictError(f"allreduce={values['allreduce']!r} is unknown; allowed: "
                            f"{', '.join(collectives.ALGORITHMS)}")
-    machine = machines.get(values["machine"])
+    if values["machine_file"] is not None:
+        machine = calibrate.load_preset(values["machine_file"])[0]
+    else:
+        machine = machines.get(values["machine"])
     net = networks.get(values["network"])
     g = values["gpus_per_node"]
     g = int(float(machine.gpus_per_node)) if g is None else g
@@ -188,7 +199,7 @@ def main(argv: list[str]) -> None:
             print(f"wrote {FLAGS.plot}")
 
 
-_OUR_FLAGS = ("machine", "network", "nodes", "gpus_per_node", "allreduce", "workers", "t_compute",
+_OUR_FLAGS = ("machine", "machine_file", "network", "nodes", "gpus_per_node", "allreduce", "workers", "t_compute",
               "t_update", "t_compute_cv", "sub_batch", "dataset_size", "json", "plot", "sim_cycles",
               "seed")
 

@@ -70,7 +70,7 @@ def write_report(base, results):
     minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
     text = (f"Model {base.model} at {base.image_size}x{base.image_size}, {base.num_epochs} epochs, "
             f"{base.optimizer.name}, ghost BN per device on 8 devices, seeds {seeds}; polishing pass over the "
-            f"whole training set ({base.polish.num_passes} passes); no-augmentation epochs: "
+            f"whole training set (iterated to convergence); no-augmentation epochs: "
             f"{base.polish.no_augment_epochs}. Test set: 297 images (one image = 0.34 points). "
             f"Total run time {minutes:.0f} min.\n\n" + table + "\n")
     with open(_OUT.value + ".md", "w") as f:

@@ -15,9 +15,14 @@ The statistics are exact population statistics, not an EMA:
     pairwise update in float32:
         n = n_a + n_b,  d = mean_b - mean_a,  mean = mean_a + d n_b / n,  M2 = M2_a + M2_b + d^2 n_a n_b / n;
   * the variance is the population (biased) variance M2 / n, as BatchNorm uses at inference.
-Layer l's input depends on the statistics of the layers before it. Pass 1 normalises with the given (EMA)
-statistics; each further pass uses the statistics of the previous one, so after ``num_passes`` = depth the
-result is exactly self-consistent, and in practice 2 passes agree with more to well under 1e-3 (tested).
+Layer l's input depends on the statistics of the BatchNorms before it, so the pass is a fixed-point
+iteration: pass 1 normalises with the given (EMA) statistics and measures every layer; each further pass
+normalises with the previous pass's result. After p passes the BatchNorms at depth <= p (counted along the
+longest chain of BatchNorms) are exact, so at most (number of BatchNorms + 1) passes reach the
+self-consistent population statistics -- the statistics train-mode BatchNorm would use with the whole
+polishing set as one batch (tested) -- and the iteration stops as soon as a pass changes no statistic by more
+than `tol` (relative). Stopping early is not safe: measured on a trained ResNet-8, passes 1-4 gave 11-50%
+top-1 where the converged statistics (7 passes) gave 95% and the EMA 93%.
 
 References:
   Chan, Golub, LeVeque, "Algorithms for computing the sample variance", 1983 (pairwise merge).
@@ -78,8 +83,9 @@ def make_moments_fn(model) -> Callable:
 
 
 def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable[Mapping[str, np.ndarray]], *,
-                          mesh: Mesh | None = None, num_samples: int | None = 10_000, num_passes: int = 2,
-                          preprocess: Callable | None = None, moments_fn: Callable | None = None) -> dict:
+                          mesh: Mesh | None = None, num_samples: int | None = 10_000, num_passes: int = 0,
+                          tol: float = 1e-6, preprocess: Callable | None = None,
+                          moments_fn: Callable | None = None, info: dict | None = None) -> dict:
     """Population BatchNorm statistics of un-augmented data under the given weights (Final Polishing).
 
     Args:
@@ -91,15 +97,19 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
         mask it); B must be divisible by the mesh size.
       mesh: shard batches along ``data`` over this mesh (None: default device placement).
       num_samples: budget in examples (None: every example of `batches`); the batch that crosses it is masked.
-      num_passes: fixed-point passes (see module docstring); 1 uses the given statistics for normalisation.
+      num_passes: 0 (default): iterate until no statistic changes by more than `tol` (relative), at most
+        number-of-BatchNorms + 1 passes, which is exact (see module docstring); k > 0: exactly k passes.
+      tol: relative change that ends the iteration when `num_passes` is 0.
       preprocess: optional jittable ``images -> images`` applied on the devices (e.g. eval preprocessing).
       moments_fn: a pre-jitted `make_moments_fn` result to reuse across calls (compiles once).
+      info: if a dict is given, it receives "passes" (passes run) and "change" (max relative change of the
+        last pass).
 
     Returns:
       A new ``batch_stats`` tree with the structure of ``variables["batch_stats"]`` (float32 mean and var).
     """
-    if num_passes < 1:
-        raise PolishError(f"invalid num_passes={num_passes}: must be >= 1")
+    if num_passes < 0:
+        raise PolishError(f"invalid num_passes={num_passes}: 0 (until converged) or a positive count")
     if not jax.tree.leaves(variables.get("batch_stats", {})):
         raise PolishError("nothing to polish: the model has no BatchNorm statistics (variables['batch_stats'] "
                           "is empty)")
@@ -120,7 +130,9 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
     params = variables["params"]
     stats = variables["batch_stats"]
     merge = _jitted_merge()
-    for _ in range(num_passes):
+    max_passes = num_passes if num_passes > 0 else len(jax.tree.leaves(stats)) // 2 + 1
+    passes, change = 0, float("inf")
+    while passes < max_passes:
         total = None
         used = 0
         for batch in batches:
@@ -140,7 +152,15 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
             total = m if total is None else merge(total, m)
         if total is None:
             raise PolishError("no examples to polish with (every mask is zero or num_samples is 0)")
-        stats = moments_to_batch_stats(total)
+        new_stats = moments_to_batch_stats(total)
+        change = max(jax.tree.leaves(jax.tree.map(
+            lambda a, b: float(jnp.max(jnp.abs(a - b) / jnp.maximum(jnp.abs(b), 1e-12))), new_stats, stats)))
+        stats = new_stats
+        passes += 1
+        if num_passes == 0 and change <= tol:
+            break
+    if info is not None:
+        info.update(passes=passes, change=change)
     return jax.tree.map(lambda x: x.astype(jnp.float32), stats)
 
 

@@ -194,8 +194,9 @@ def validate_config(config, num_devices: int) -> None:
         raise ConfigError("config.conv_impl", config.conv_impl, f"allowed: {', '.join(CONV_IMPLS)}")
     if config.polish.mode not in polish.POLISH_MODES:
         raise ConfigError("config.polish.mode", config.polish.mode, f"allowed: {', '.join(polish.POLISH_MODES)}")
-    if config.polish.num_passes < 1:
-        raise ConfigError("config.polish.num_passes", config.polish.num_passes, "must be >= 1")
+    if config.polish.num_passes < 0:
+        raise ConfigError("config.polish.num_passes", config.polish.num_passes,
+                          "0 (until converged) or a positive number of passes")
     if config.polish.num_samples == 0 or config.polish.num_samples < -1:
         raise ConfigError("config.polish.num_samples", config.polish.num_samples, "-1 (all) or a positive count")
     pb = config.polish.batch_size or config.eval_batch_size
@@ -467,12 +468,12 @@ def polish_batches(exp: Experiment, num_samples: int) -> list[dict[str, np.ndarr
     return out
 
 
-def run_polish(exp: Experiment, state: TrainState) -> dict:
+def run_polish(exp: Experiment, state: TrainState, info: dict | None = None) -> dict:
     """Final Polishing of `state`'s weights on un-augmented training images (``config.polish``)."""
     p = exp.config.polish
     return polish.recompute_batch_stats(
         exp.model, {"params": state.params, "batch_stats": state.batch_stats}, polish_batches(exp, p.num_samples),
-        mesh=exp.mesh, num_samples=None, num_passes=p.num_passes, preprocess=exp.eval_preprocess)
+        mesh=exp.mesh, num_samples=None, num_passes=p.num_passes, preprocess=exp.eval_preprocess, info=info)
 
 
 def _histogram_add(counts: np.ndarray | None, values: np.ndarray, size: int) -> np.ndarray:
@@ -612,13 +613,15 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     polish_time = float("nan")
     if mode in ("recompute", "both") and step == hp.total_steps:
         t0 = time.time()
+        polish_info: dict = {}
         if polished_stats is None:
-            polished_stats = run_polish(exp, state)
+            polished_stats = run_polish(exp, state, polish_info)
         polish_time = time.time() - t0
         polished_eval = exp.evaluate({"params": state.params, "batch_stats": polished_stats})
         writer.write(step, {f"eval_polished_{k}": v for k, v in polished_eval.items()})
         say(f"final polishing: eval accuracy {100 * last_eval['accuracy']:.2f}% (EMA statistics) -> "
-            f"{100 * polished_eval['accuracy']:.2f}% (recomputed statistics), pass took {polish_time:.1f} s")
+            f"{100 * polished_eval['accuracy']:.2f}% (recomputed statistics; {polish_info.get('passes', 0)} passes "
+            f"in {polish_time:.1f} s)")
     if manager.latest_step() != step:
         save_checkpoint(manager, step, state, {
             "polished_batch_stats": polished_stats if polished_stats is not None else state.batch_stats,

@@ -76,7 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.polish.mode = "none"
     c.polish.num_samples = 10_000   # budget of the recompute pass (-1: the whole training set)
     c.polish.batch_size = 0         # global batch of the pass (0: eval_batch_size)
-    c.polish.num_passes = 2         # fixed-point passes (see jaxsprint/polish.py)
+    c.polish.num_passes = 0         # 0: until converged (exact; see jaxsprint/polish.py), k: exactly k
     c.polish.no_augment_epochs = 5.0  # k (epochs; fractions allowed) for "no_augment_epochs" and "both"
 
     # Asynchronous-SGD emulation (jaxsprint.staleness): delayed gradients and random mini-batch sizes.

@@ -1,0 +1,567 @@
+r"""Calibration of a machine's figures to measured timings, by gradient descent on log-error.
+
+A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a
+sub-batch, the measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks,
+seconds). :func:`fit` adjusts chosen fields ``theta_k`` of a :class:`~jaxsprint.perf.machines.Machine`
+to minimise the mean squared log-error
+
+.. math::
+    \mathcal{L}(\theta) = \sum_{kind} \frac{1}{|kind|} \sum_{i \in kind}
+        \big(\log \hat t_i(\theta) - \log t_i\big)^2,
+
+each kind (steps, all-reduces) weighted equally. Bounds hold by construction:
+``log theta_k = log lo_k + (log hi_k - log lo_k) sigmoid(u_k)``, and Adam (optax) runs on ``u``
+from several starts (the machine's own values and random points, one ``vmap``), keeping the best.
+The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.sprint.device_step_time_s` plus
+the optimiser's passes over the parameters); of an all-reduce, :func:`allreduce_time_s`
+(:func:`jaxsprint.perf.collectives.allreduce_time_s` plus ``updater_overhead_s``, the fixed
+cost of one collective call, which ``T_u`` also carries once per updater cycle).
+
+**Fit error.** Besides the residuals, each fitted figure gets a relative standard error from
+the Gauss-Newton approximation at the optimum: with ``J = d residual / d log theta``,
+``s^2 = sum r^2 / (n - k)`` and ``Cov(log theta) ~ s^2 (J^T J)^{-1}`` (Seber and Wild,
+*Nonlinear Regression*, 1989, sec. 2.1). A figure at a bound, or one the data cannot see
+(``J`` column near zero), is flagged.
+
+**Jitter.** :func:`estimate_cv` gives the coefficient of variation of repeated step times (a
+robust one: ``1.4826 MAD / median``), the ``cv`` of the model's compute-time distribution.
+
+**Saved presets.** :func:`save_preset` writes a machine and its fit to JSON; :func:`load_preset`
+reads it back (the predict and search launchers take it with ``--machine_file``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxsprint.errors import JaxsprintError
+from jaxsprint.perf import collectives, machines, sprint
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
+
+PRESET_FORMAT = "jaxsprint-machine-1"
+# Efficiency-like fields live in (0, 1]; the others default to 1/1000..1000 times their value.
+_UNIT_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight", "memory_efficiency",
+                "norm_memory_efficiency", "maxpool_backward_memory_efficiency")
+
+
+class CalibrationError(JaxsprintError):
+    """Bad calibration input or preset file (the message names the field or the path)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """One measured train step.
+
+    Attributes:
+      network: Cost table of the trained network.
+      sub_batch: Samples per step.
+      measured_s: Seconds per step (one learner).
+      update_passes: Passes of the optimiser update over the ``4P`` parameter bytes inside the
+        timed step (plain SGD: 3, momentum SGD: 5).
+      label: Name for tables.
+    """
+
+    network: NetworkCost
+    sub_batch: int
+    measured_s: float
+    update_passes: float = 3.0
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class AllreduceTiming:
+    """One measured all-reduce of ``message_bytes`` per rank over ``ranks`` ranks."""
+
+    message_bytes: float
+    ranks: int
+    measured_s: float
+    label: str = ""
+
+
+def step_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
+                update_passes: jax.Array = 3.0) -> jax.Array:
+    """Model of one train step on one learner: forward, backward and the optimiser update.
+
+    ``device_step_time_s(b) + update_passes * 4P / memory_bandwidth`` (the update streams the
+    parameters, gradients and optimiser state through memory).
+    """
+    update = update_passes * BYTES_PER_VALUE * network.total_params / machine.memory_bandwidth_bytes_per_s
+    return sprint.device_step_time_s(network, machine, sub_batch) + update
+
+
+def allreduce_time_s(machine: Machine, message_bytes: jax.Array, ranks: jax.Array, *,
+                     algorithm: str = "ring") -> jax.Array:
+    """Model of one all-reduce call: the alpha-beta form plus ``updater_overhead_s``."""
+    return collectives.allreduce_time_s(message_bytes, ranks, machine.network_latency_s,
+                                        machine.network_bandwidth_bytes_per_s,
+                                        algorithm=algorithm) + machine.updater_overhead_s
+
+
+def predict_timings(machine: Machine, steps: Sequence[StepTiming] = (),
+                    allreduces: Sequence[AllreduceTiming] = (), *, algorithm: str = "ring"
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Model times of the measured configurations: ``(step_s [n_steps], allreduce_s [n_ar])``."""
+    f = jax.jit(lambda m: _predict(m, _group(steps), allreduces, algorithm))
+    a, b = f(machine)
+    return np.asarray(a), np.asarray(b)
+
+
+def _group(steps: Sequence[StepTiming]) -> list[tuple[NetworkCost, np.ndarray, np.ndarray, np.ndarray]]:
+    """Steps grouped by network (one vmapped evaluation each): (net, indices, batches, passes)."""
+    groups: dict[int, list[int]] = {}
+    nets: dict[int, NetworkCost] = {}
+    for i, s in enumerate(steps):
+        key = next((k for k, n in nets.items() if n is s.network), None)
+        if key is None:
+            key = len(nets)
+            nets[key] = s.network
+        groups.setdefault(key, []).append(i)
+    return [(nets[k], np.asarray(idx), np.asarray([steps[i].sub_batch for i in idx], np.float32),
+             np.asarray([steps[i].update_passes for i in idx], np.float32))
+            for k, idx in groups.items()]
+
+
+def _predict(machine: Machine, groups, allreduces: Sequence[AllreduceTiming], algorithm: str
+             ) -> tuple[jax.Array, jax.Array]:
+    n_steps = sum(len(g[1]) for g in groups)
+    out = jnp.zeros((n_steps,), jnp.float32)
+    for net, idx, batch, passes in groups:
+        t = jax.vmap(lambda b, p, net=net: step_time_s(net, machine, b, p))(batch, passes)
+        out = out.at[idx].set(t)
+    if allreduces:
+        m_bytes = jnp.asarray([a.message_bytes for a in allreduces], jnp.float32)
+        ranks = jnp.asarray([a.ranks for a in allreduces], jnp.float32)
+        ar = allreduce_time_s(machine, m_bytes, ranks, algorithm=algorithm)
+    else:
+        ar = jnp.zeros((0,), jnp.float32)
+    return out, ar
+
+
+# ----------------------------------------------------------------------------------------------
+# Fit
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FitResult:
+    """Outcome of :func:`fit`.
+
+    Attributes:
+      machine: The machine with the fitted figures.
+      fitted: ``{field: value}``.
+      rel_std_error: ``{field: relative standard error}`` (Gauss-Newton; inf if not identified).
+      at_bound: Fields that ended within 3% (relative) of a bound.
+      step_errors: Relative errors ``predicted / measured - 1`` of the step timings.
+      allreduce_errors: The same for the all-reduce timings.
+      loss: Final loss (mean squared log-error, kinds weighted equally).
+      start_losses: Final loss of every start.
+    """
+
+    machine: Machine
+    fitted: dict[str, float]
+    rel_std_error: dict[str, float]
+    at_bound: list[str]
+    step_errors: np.ndarray
+    allreduce_errors: np.ndarray
+    loss: float
+    start_losses: np.ndarray
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly summary: fitted values with their errors and the residual statistics."""
+        def stats(e):
+            e = np.abs(np.asarray(e))
+            if e.size == 0:
+                return None
+            return dict(n=int(e.size), median_abs_error=float(np.median(e)),
+                        mean_abs_error=float(np.mean(e)), max_abs_error=float(np.max(e)))
+        return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound,
+                    loss=self.loss, steps=stats(self.step_errors),
+                    allreduces=stats(self.allreduce_errors))
+
+    def table(self) -> str:
+        """The fitted figures with their relative standard errors."""
+        lines = [f"  {'figure':36s} {'fitted':>12s} {'rel. std. error':>16s}"]
+        for f, v in self.fitted.items():
+            se = self.rel_std_error[f]
+            flag = "  (at bound)" if f in self.at_bound else ""
+            se_s = f"{100 * se:15.1f}%" if math.isfinite(se) else f"{'not identified':>16s}"
+            lines.append(f"  {f:36s} {v:12.4g} {se_s}{flag}")
+        return "\n".join(lines)
+
+
+def default_bounds(machine: Machine, fields: Iterable[str]) -> dict[str, tuple[float, float]]:
+    """Bounds of :func:`fit`: ``(1e-3, 1)`` for efficiencies, ``value / 1e3 .. value * 1e3`` else
+    (``1e-7 .. 1e-1`` s for overheads that are zero)."""
+    out = {}
+    for f in fields:
+        v = float(getattr(machine, f))
+        if f in _UNIT_FIELDS:
+            out[f] = (1e-3, 1.0)
+        elif v > 0:
+            out[f] = (v / 1e3, v * 1e3)
+        else:
+            out[f] = (1e-7, 1e-1)
+    return out
+
+
+def fit(machine: Machine, steps: Sequence[StepTiming] = (),
+        allreduces: Sequence[AllreduceTiming] = (), *, fields: Sequence[str],
+        bounds: dict[str, tuple[float, float]] | None = None, tied: dict[str, str] | None = None,
+        starts: int = 6, num_steps: int = 1500, learning_rate: float = 0.05, seed: int = 0,
+        algorithm: str = "ring") -> FitResult:
+    """Fits ``fields`` of ``machine`` to measured timings (see the module docstring).
+
+    Args:
+      machine: Starting machine; the other fields keep its values.
+      steps: Measured train steps.
+      allreduces: Measured all-reduces.
+      fields: Fields to fit.
+      bounds: ``{field: (lo, hi)}`` (default :func:`default_bounds`).
+      tied: ``{field: other}``: ``field`` takes the fitted value of ``other``.
+      starts: Starting points (the first is the machine's own values, clipped into the bounds).
+      num_steps: Adam steps (cosine-decayed step size).
+      learning_rate: Initial Adam step size in the unbounded variables.
+      seed: Seed of the random starts.
+      algorithm: All-reduce algorithm of the model.
+
+    Returns:
+      :class:`FitResult`.
+
+    Raises:
+      CalibrationError: no timings, an unknown field, bounds that are not ``0 < lo < hi``, a
+        non-positive or non-finite measured time, fewer timings than fitted fields.
+    """
+    steps, allreduces = list(steps), list(allreduces)
+    fields = list(fields)
+    tied = dict(tied or {})
+    if not steps and not allreduces:
+        raise CalibrationError("no timings to fit; give step and/or all-reduce timings")
+    for f in fields + list(tied) + list(tied.values()):
+        if f not in machines._FIELDS:
+            raise CalibrationError(f"field={f!r} is unknown; allowed: {', '.join(machines._FIELDS)}")
+    for t in steps + allreduces:
+        if not (math.isfinite(t.measured_s) and t.measured_s > 0):
+            raise CalibrationError(f"measured_s={t.measured_s!r} of {t.label or t} is not allowed; "
+                                   "allowed: a finite time > 0")
+    if len(steps) + len(allreduces) < len(fields):
+        raise CalibrationError(f"{len(steps) + len(allreduces)} timings cannot fit {len(fields)} "
+                               "fields; allowed: at least as many timings as fields")
+    bounds = {**default_bounds(machine, fields), **(bounds or {})}
+    for f in fields:
+        lo, hi = bounds[f]
+        if not 0 < lo < hi:
+            raise CalibrationError(f"bounds[{f!r}]={bounds[f]!r} are not allowed; allowed: 0 < lo < hi")
+    log_lo = jnp.asarray([math.log(bounds[f][0]) for f in fields], jnp.float32)
+    log_hi = jnp.asarray([math.log(bounds[f][1]) for f in fields], jnp.float32)
+    groups = _group(steps)
+    log_step = jnp.log(jnp.asarray([s.measured_s for s in steps], jnp.float32))
+    log_ar = jnp.log(jnp.asarray([a.measured_s for a in allreduces], jnp.float32))
+
+    def machine_of(log_theta):
+        figs = {f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)}
+        figs.update({k: figs[v] if v in figs else getattr(machine, v) for k, v in tied.items()})
+        return machine.replace(**figs)
+
+    def residuals(log_theta):
+        ps, pa = _predict(machine_of(log_theta), groups, allreduces, algorithm)
+        return jnp.log(ps) - log_step, jnp.log(pa) - log_ar
+
+    def loss_theta(log_theta):
+        rs, ra = residuals(log_theta)
+        total = jnp.float32(0.0)
+        if steps:
+            total = total + jnp.mean(rs ** 2)
+        if allreduces:
+            total = total + jnp.mean(ra ** 2)
+        return total
+
+    def to_theta(u):
+        return log_lo + (log_hi - log_lo) * jax.nn.sigmoid(u)
+
+    loss_u = lambda u: loss_theta(to_theta(u))  # noqa: E731
+    sched = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.02)
+    opt = optax.adam(sched)
+
+    @jax.jit
+    def run(u0):
+        def one(u):
+            def body(carry, _):
+                u, st = carry
+                val, g = jax.value_and_grad(loss_u)(u)
+                upd, st = opt.update(g, st, u)
+                return (optax.apply_updates(u, upd), st), val
+            (u, _), _ = jax.lax.scan(body, (u, opt.init(u)), None, length=num_steps)
+            return u, loss_u(u)
+        return jax.vmap(one)(u0)
+
+    # Start 0: the machine's values (clipped just inside the bounds); the others at random.
+    x0 = jnp.asarray([math.log(float(getattr(machine, f))) if float(getattr(machine, f)) > 0
+                      else float(log_lo[i]) for i, f in enumerate(fields)], jnp.float32)
+    frac0 = jnp.clip((x0 - log_lo) / (log_hi - log_lo), 0.02, 0.98)
+    u_first = jnp.log(frac0) - jnp.log1p(-frac0)
+    u_rand = jax.random.normal(jax.random.PRNGKey(seed), (max(starts - 1, 0), len(fields))) * 1.5
+    u_final, losses = run(jnp.concatenate([u_first[None], u_rand]))
+    best = int(jnp.argmin(losses))
+    log_theta = to_theta(u_final[best])
+    fitted_machine = machine_of(log_theta)
+    rs, ra = residuals(log_theta)
+
+    # Gauss-Newton standard errors in log space: each kind's residual variance is estimated
+    # from its own residuals (degrees of freedom shared in proportion), then
+    # Cov(log theta) = (J^T diag(1 / s_kind^2) J)^-1.
+    jac_s, jac_a = (np.asarray(j, np.float64).reshape(-1, len(fields))
+                    for j in jax.jacfwd(residuals)(log_theta))
+    n_all, k = len(steps) + len(allreduces), len(fields)
+    dof_scale = n_all / max(n_all - k, 1)
+    rows, weights = [], []
+    for jac_k, r_k in ((jac_s, np.asarray(rs, np.float64)), (jac_a, np.asarray(ra, np.float64))):
+        if r_k.size:
+            s2 = max(float(np.mean(r_k ** 2)) * dof_scale, 1e-12)
+            rows.append(jac_k)
+            weights.append(np.full(r_k.size, 1.0 / s2))
+    jac = np.concatenate(rows)
+    w = np.concatenate(weights)
+    diag = np.diag(np.linalg.pinv(jac.T @ (w[:, None] * jac), rcond=1e-10))
+    se = {}
+    for i, f in enumerate(fields):
+        seen = np.linalg.norm(jac[:, i]) > 1e-6
+        sd = math.sqrt(max(float(diag[i]), 0.0))
+        se[f] = math.expm1(sd) if seen and sd < 20.0 else math.inf
+    at_bound = [f for i, f in enumerate(fields)
+                if min(float(log_theta[i] - log_lo[i]), float(log_hi[i] - log_theta[i]))
+                < 0.03]
+    fitted = {f: float(jnp.exp(log_theta[i])) for i, f in enumerate(fields)}
+    fitted.update({k2: fitted.get(v, float(getattr(machine, v))) for k2, v in tied.items()})
+    return FitResult(fitted_machine, fitted, {f: se.get(f, se.get(tied.get(f, ""), math.inf))
+                                              for f in fitted},
+                     at_bound, np.expm1(np.asarray(rs)), np.expm1(np.asarray(ra)),
+                     float(losses[best]), np.asarray(losses))
+
+
+def estimate_cv(samples: Sequence[Sequence[float]]) -> float:
+    """Compute-time jitter: the median over configurations of ``1.4826 MAD / median``."""
+    cvs = []
+    for s in samples:
+        s = np.asarray(s, np.float64)
+        if s.size >= 3:
+            med = float(np.median(s))
+            cvs.append(1.4826 * float(np.median(np.abs(s - med))) / med)
+    if not cvs:
+        raise CalibrationError("estimate_cv needs at least one configuration with 3 or more samples")
+    return float(np.median(cvs))
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring this machine
+# ----------------------------------------------------------------------------------------------
+
+
+def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
+                        min_time_s: float = 0.2, min_reps: int = 3, image_size: int = 32,
+                        log: Any = None) -> list[tuple[float, list[float]]]:
+    """Process CPU seconds of train steps of this project's models (``jaxsprint.train``).
+
+    Each ``(model name, batch)`` is :func:`jaxsprint.train.make_train_step` with momentum SGD
+    (5 passes over the parameters in the update), jitted, on one device. All steps are compiled
+    first; then ``rounds`` rounds go over all of them in turn (interleaved, so that a burst of
+    other work on a shared machine hits every configuration in some rounds only), each timing a
+    step until ``min_time_s`` and ``min_reps`` are reached and keeping the median. The result of
+    a configuration is its best round (other work only ever adds time).
+
+    Args:
+      configs: ``(model name of jaxsprint.models, batch size)`` pairs.
+      rounds: Interleaved rounds.
+      min_time_s: Time each configuration at least this long per round.
+      min_reps: Steps timed per configuration and round, at least.
+      image_size: Input height and width (CIFAR: 32).
+      log: Optional ``print``-like callable for progress lines.
+
+    Returns:
+      ``[(seconds, all samples)]`` in the order of ``configs``.
+    """
+    import time
+
+    import optax as _optax
+
+    from jaxsprint import models as project_models
+    from jaxsprint import train as project_train
+
+    runners = []
+    for name, batch in configs:
+        model = project_models.create_model(name, num_classes=10)
+        step = jax.jit(project_train.make_train_step(model=model, num_classes=10))
+        state = project_train.create_train_state(jax.random.PRNGKey(0), model,
+                                                 _optax.sgd(0.1, momentum=0.9),
+                                                 (1, image_size, image_size, 3))
+        x = jnp.ones((batch, image_size, image_size, 3), jnp.float32)
+        y = jnp.zeros((batch,), jnp.int32)
+
+        def once(holder=[state], step=step, x=x, y=y) -> float:  # noqa: B006 (per-step state)
+            t = time.process_time()
+            holder[0], metrics = step(holder[0], x, y)
+            jax.block_until_ready(metrics)
+            return time.process_time() - t
+
+        once(), once()  # compile, warm up
+        runners.append(once)
+        if log:
+            log(f"compiled {name} batch {batch}")
+    best = [math.inf] * len(configs)
+    samples: list[list[float]] = [[] for _ in configs]
+    for r in range(rounds):
+        for i, once in enumerate(runners):
+            times, start = [], time.perf_counter()
+            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
+                times.append(once())
+            samples[i] += times
+            best[i] = min(best[i], float(np.median(times)))
+        if log:
+            log(f"round {r + 1}/{rounds} done")
+    return list(zip(best, samples))
+
+
+_WORKER = """
+import json, os, sys, time
+args = json.loads(sys.argv[1])
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"localhost:{args['port']}",
+                           num_processes=args["ranks"], process_id=args["rank"],
+                           initialization_timeout=int(args["timeout_s"]))
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("d",))
+out = {}
+for nbytes in args["sizes"]:
+    local = np.ones((1, max(1, nbytes // 4)), np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
+                              out_specs=P("d")))
+    y = f(x); y.block_until_ready(); y = f(x); y.block_until_ready()
+    best = float("inf")
+    for _ in range(args["rounds"]):
+        ts = []
+        for _ in range(args["reps"]):
+            t = time.perf_counter(); y = f(x); y.block_until_ready(); ts.append(time.perf_counter() - t)
+        best = min(best, float(np.median(ts)))
+    assert float(np.asarray(y.addressable_data(0)).ravel()[0]) == args["ranks"]
+    out[str(nbytes)] = best
+if args["rank"] == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10, rounds: int = 2,
+                      timeout_s: float = 120.0) -> list[AllreduceTiming]:
+    """Wall seconds of an all-reduce (``psum``) over ``ranks`` local JAX processes on CPU.
+
+    Starts ``ranks`` Python processes joined by :func:`jax.distributed.initialize` on a free
+    localhost port (gloo CPU collectives, one CPU device each); each size is all-reduced
+    ``reps`` times per round and the best round's median of rank 0 is kept.
+
+    Raises:
+      CalibrationError: ``ranks < 2``, or the processes fail or exceed ``timeout_s`` (they are
+        then killed).
+    """
+    import subprocess
+    import sys
+
+    if int(ranks) < 2:
+        raise CalibrationError(f"ranks={ranks!r} is not allowed; allowed: an integer >= 2")
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = []
+    try:
+        for rank in range(ranks):
+            args = dict(rank=rank, ranks=int(ranks), port=port, sizes=[int(s) for s in sizes_bytes],
+                        reps=int(reps), rounds=int(rounds), timeout_s=max(1, int(timeout_s)))
+            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(args)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=env))
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"the all-reduce over {ranks} processes did not finish within "
+                               f"{timeout_s:g} s (allreduce_timeout_s); the processes were stopped") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            tail = err.strip().splitlines()[-1] if err.strip() else "no message"
+            raise CalibrationError(f"an all-reduce process over {ranks} ranks failed (exit "
+                                   f"{p.returncode}): {tail}")
+    line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise CalibrationError(f"the all-reduce over {ranks} processes printed no result")
+    result = json.loads(line[len("RESULT "):])
+    return [AllreduceTiming(float(k), int(ranks), float(v), f"allreduce {int(k)} B x {ranks}")
+            for k, v in result.items()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Saved presets
+# ----------------------------------------------------------------------------------------------
+
+
+def save_preset(path: str, machine: Machine, **extra: Any) -> None:
+    """Writes ``machine`` (every figure, its sources) and ``extra`` (fit summary, cv, ...) as JSON."""
+    data = dict(format=PRESET_FORMAT, name=machine.name, description=machine.description,
+                figures={f: float(getattr(machine, f)) for f in machines._FIELDS},
+                sources=dict(machine.sources), **extra)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1, default=float)
+
+
+def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
+    """Reads a preset written by :func:`save_preset`: ``(machine, the whole JSON object)``.
+
+    Raises:
+      CalibrationError: a missing or unreadable file, another format, a missing or invalid figure.
+    """
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise CalibrationError(f"machine_file={path!r} does not exist; allowed: a JSON preset "
+                               "written by experiments/calibrate.py") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"machine_file={path!r} cannot be read ({e}); allowed: a JSON preset "
+                               "written by experiments/calibrate.py") from None
+    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
+        raise CalibrationError(f"machine_file={path!r} is not a machine preset; allowed: a JSON "
+                               f"object with format={PRESET_FORMAT!r}")
+    try:
+        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
+                                  {str(k): str(v) for k, v in data.get("sources", {}).items()},
+                                  **data["figures"])
+    except machines.MachineError as e:
+        raise CalibrationError(f"machine_file={path!r}: {e}") from None
+    except (KeyError, TypeError):
+        raise CalibrationError(f"machine_file={path!r} has no 'figures' object") from None
+    return m, data
+
+
+__all__ = ["AllreduceTiming", "CalibrationError", "FitResult", "PRESET_FORMAT", "StepTiming",
+           "allreduce_time_s", "default_bounds", "estimate_cv", "fit", "load_preset",
+           "measure_allreduce", "measure_train_steps", "predict_timings", "save_preset",
+           "step_time_s"]

@@ -1,0 +1,258 @@
+"""jaxsprint.conv: values and gradients equal jax.grad of lax.conv_general_dilated."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsprint import conv as jconv
+
+DN = ("NHWC", "HWIO", "NHWC")
+
+
+def _value_and_grads(conv_fn, x, w, dy, strides, padding, **kw):
+    """Returns (y, dx, dw) of conv_fn under jit, with cotangent dy."""
+
+    def f(x, w, dy):
+        y, vjp = jax.vjp(lambda a, b: conv_fn(a, b, strides, padding, dimension_numbers=DN, **kw), x, w)
+        return (y, *vjp(dy))
+
+    return jax.jit(f)(x, w, dy)
+
+
+def _inputs(n, h, wd, c, k, kh, kw, strides, padding, dtype, seed=0):
+    """Random x, w, dy (numpy-generated: no per-shape JAX compilation)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, h, wd, c), np.float32)
+    w = rng.standard_normal((kh, kw, c, k), np.float32) / np.sqrt(kh * kw * c)
+    out = jax.eval_shape(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN),
+                         jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(w.shape, jnp.float32))
+    dy = rng.standard_normal(out.shape, np.float32)
+    return tuple(jnp.asarray(a, dtype) for a in (x, w, dy))
+
+
+def _assert_close(got, ref, rtol):
+    got = np.asarray(jnp.asarray(got, jnp.float32))
+    ref = np.asarray(jnp.asarray(ref, jnp.float32))
+    assert got.shape == ref.shape
+    scale = float(np.max(np.abs(ref))) or 1.0
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale)
+
+
+# (n, h, w, c, k, kernel, stride, padding): 1x1 / 3x3 / 7x7, strides 1 and 2, string and explicit
+# padding, odd and even spatial sizes, non-square inputs. Cases are grouped so that each group is
+# compiled once (one jit holding the fast and the reference convolutions of every case).
+F32_GROUPS = {
+    "3x3": [
+        (4, 9, 7, 5, 6, 3, 1, "SAME"),
+        (4, 9, 7, 5, 6, 3, 2, "SAME"),
+        (4, 10, 8, 5, 6, 3, 2, "SAME"),
+        (4, 9, 7, 5, 6, 3, 1, "VALID"),
+        (4, 9, 7, 5, 6, 3, 2, "VALID"),
+        (4, 9, 9, 5, 6, 3, 1, ((1, 1), (1, 1))),
+        (4, 9, 9, 5, 6, 3, 2, ((1, 1), (1, 1))),
+        (4, 8, 8, 5, 6, 3, 2, ((1, 1), (1, 1))),
+        (2, 9, 11, 3, 5, 3, 2, ((0, 1), (2, 0))),
+    ],
+    "1x1": [
+        (4, 9, 7, 5, 6, 1, 1, "SAME"),
+        (4, 9, 7, 5, 6, 1, 2, "SAME"),
+        (4, 8, 8, 5, 6, 1, 2, "VALID"),
+        (4, 7, 7, 5, 6, 1, 1, ((1, 1), (1, 1))),
+    ],
+    "7x7": [
+        (2, 15, 13, 3, 8, 7, 2, ((3, 3), (3, 3))),
+        (2, 15, 13, 3, 8, 7, 2, "SAME"),
+        (2, 11, 11, 3, 8, 7, 1, "VALID"),
+        (2, 11, 9, 3, 8, 7, 1, ((3, 3), (3, 3))),
+    ],
+}
+
+BF16_CASES = [
+    (4, 9, 7, 16, 16, 3, 1, "SAME"),
+    (4, 9, 7, 16, 32, 3, 2, ((1, 1), (1, 1))),
+    (4, 9, 9, 16, 32, 1, 2, "SAME"),
+    (2, 15, 13, 3, 16, 7, 2, ((3, 3), (3, 3))),
+    (4, 9, 7, 8, 8, 3, 2, "VALID"),
+]
+
+
+def _group_results(cases, dtype, ref_dtype):
+    """For every case: ((y, dx, dw) fast, (y, dx, dw) of lax in ref_dtype), from one jit."""
+    data = []
+    for i, (n, h, wd, c, k, ks, s, padding) in enumerate(cases):
+        x, w, dy = _inputs(n, h, wd, c, k, ks, ks, (s, s), padding, dtype, seed=i)
+        assert jconv.fast_path_supported(x, w, (s, s), padding, dimension_numbers=DN)
+        data.append((x, w, dy))
+
+    def vg(conv_fn, x, w, dy, strides, padding):
+        y, vjp = jax.vjp(lambda a, b: conv_fn(a, b, strides, padding, dimension_numbers=DN), x, w)
+        return (y, *vjp(dy))
+
+    def all_cases(data):
+        out = []
+        for (x, w, dy), (*_, s, padding) in zip(data, cases):
+            fast = vg(jconv.conv_general_dilated, x, w, dy, (s, s), padding)
+            ref = vg(lax.conv_general_dilated, *(a.astype(ref_dtype) for a in (x, w, dy)), (s, s), padding)
+            out.append((fast, ref))
+        return out
+
+    return jax.jit(all_cases)(data)
+
+
+@pytest.mark.parametrize("group", sorted(F32_GROUPS))
+def test_float32_value_and_grads_equal_lax(group):
+    cases = F32_GROUPS[group]
+    for case, (fast, ref) in zip(cases, _group_results(cases, jnp.float32, jnp.float32)):
+        for name, g, r in zip(("y", "dx", "dw"), fast, ref):
+            assert g.dtype == jnp.float32, (case, name)
+            try:
+                _assert_close(g, r, rtol=1e-5)
+            except AssertionError as e:
+                raise AssertionError(f"{case} {name}") from e
+
+
+def test_bfloat16_value_and_grads():
+    results = _group_results(BF16_CASES, jnp.bfloat16, jnp.bfloat16)
+    results32 = _group_results(BF16_CASES, jnp.bfloat16, jnp.float32)
+    for case, (fast, ref), (_, ref32) in zip(BF16_CASES, results, results32):
+        for name, g, r, r32 in zip(("y", "dx", "dw"), fast, ref, ref32):
+            assert g.dtype == jnp.bfloat16, (case, name)
+            try:
+                # Against lax in bfloat16: a bfloat16 rounding apart at most.
+                _assert_close(g, r, rtol=1e-2)
+                # Against lax in float32 on the same (bfloat16-valued) inputs.
+                _assert_close(g, r32, rtol=2e-2)
+            except AssertionError as e:
+                raise AssertionError(f"{case} {name}") from e
+
+
+def test_filter_grad_exact_whatever_the_condition():
+    """The materializing conditional has identical branches: NaN in the kernel changes nothing."""
+    strides, padding = (1, 1), "SAME"
+    x, w, dy = _inputs(2, 8, 8, 4, 4, 3, 3, strides, padding, jnp.float32)
+    w = w.at[0, 0, 0, 0].set(jnp.nan)
+    ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
+    got = _value_and_grads(jconv.conv_general_dilated, x, w, dy, strides, padding)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_second_call_and_jit_of_grad():
+    """jax.grad of a scalar loss, jitted, with the convolution used twice."""
+    strides, padding = (2, 2), "SAME"
+    x, w, _ = _inputs(4, 10, 10, 4, 4, 3, 3, strides, padding, jnp.float32)
+
+    def loss(conv_fn, x, w):
+        y = conv_fn(x, w, strides, padding, dimension_numbers=DN)
+        y = conv_fn(jnp.tanh(y), w, (1, 1), padding, dimension_numbers=DN)
+        return jnp.sum(y * y)
+
+    ref = jax.jit(jax.grad(lambda x, w: loss(lax.conv_general_dilated, x, w), argnums=(0, 1)))(x, w)
+    got = jax.jit(jax.grad(lambda x, w: loss(jconv.conv_general_dilated, x, w), argnums=(0, 1)))(x, w)
+    for g, r in zip(got, ref):
+        _assert_close(g, r, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"feature_group_count": 2},
+    {"rhs_dilation": (2, 2)},
+    {"lhs_dilation": (2, 2)},
+])
+def test_fallback_equals_lax(kwargs):
+    strides, padding = (1, 1), ((1, 1), (1, 1))
+    x, w, _ = _inputs(2, 8, 8, 4, 4, 3, 3, strides, padding, jnp.float32)
+    if "feature_group_count" in kwargs:
+        w = w[:, :, :2, :]
+    assert not jconv.fast_path_supported(x, w, strides, padding, dimension_numbers=DN, **kwargs)
+    y_ref, vjp_ref = jax.vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN,
+                                                                   **kwargs), x, w)
+    y, vjp = jax.vjp(lambda a, b: jconv.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN,
+                                                            **kwargs), x, w)
+    dy = jax.random.normal(jax.random.key(3), y_ref.shape)
+    for g, r in zip((y, *vjp(dy)), (y_ref, *vjp_ref(dy))):
+        _assert_close(g, r, rtol=1e-6)
+
+
+def test_fallback_other_layouts_and_dtypes():
+    x = jnp.ones((2, 4, 8, 8))
+    w = jnp.ones((6, 4, 3, 3))
+    assert not jconv.fast_path_supported(x, w, (1, 1), "SAME")  # NCHW / OIHW (dimension_numbers=None)
+    np.testing.assert_array_equal(jconv.conv_general_dilated(x, w, (1, 1), "SAME"),
+                                  lax.conv_general_dilated(x, w, (1, 1), "SAME"))
+    xi = jnp.ones((2, 8, 8, 4), jnp.int32)
+    wi = jnp.ones((3, 3, 4, 6), jnp.int32)
+    assert not jconv.fast_path_supported(xi, wi, (1, 1), "SAME", dimension_numbers=DN)
+    xf, wf = xi.astype(jnp.float32), wi.astype(jnp.float32)
+    assert not jconv.fast_path_supported(xf, wf, (1, 1), "SAME", dimension_numbers=DN,
+                                         preferred_element_type=jnp.bfloat16)
+    assert not jconv.fast_path_supported(xf, wf, (1, 1), ((-1, 0), (0, 0)), dimension_numbers=DN)
+
+
+def _uses_custom_vjp(fn, *args):
+    return "custom_vjp_call" in str(jax.make_jaxpr(fn)(*args))
+
+
+def test_fast_path_is_taken_and_make_conv():
+    x = jnp.ones((2, 8, 8, 4))
+    w = jnp.ones((3, 3, 4, 6))
+
+    def call(conv_fn):
+        return lambda a, b: conv_fn(a, b, (1, 1), "SAME", dimension_numbers=DN)
+
+    assert jconv.make_conv("xla") is lax.conv_general_dilated
+    assert jconv.make_conv("fast") is jconv.conv_general_dilated
+    assert _uses_custom_vjp(call(jconv.make_conv("fast")), x, w)
+    assert not _uses_custom_vjp(call(jconv.make_conv("xla")), x, w)
+    assert jax.default_backend() == "cpu"
+    assert _uses_custom_vjp(call(jconv.make_conv("auto")), x, w)
+    with pytest.raises(ValueError):
+        jconv.make_conv("cudnn")
+
+
+class _TwoConvs(nn.Module):
+    conv: object = None
+
+    @nn.compact
+    def __call__(self, x):
+        kw = {} if self.conv is None else {"conv_general_dilated": self.conv}
+        x = nn.Conv(8, (3, 3), strides=2, padding="SAME", **kw)(x)
+        x = nn.relu(x)
+        x = nn.Conv(8, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, **kw)(x)
+        return nn.Conv(4, (1, 1), strides=2, **kw)(x)
+
+
+def test_flax_conv_same_output_and_grads():
+    x = jax.random.normal(jax.random.key(0), (4, 9, 9, 3))
+    params = _TwoConvs().init(jax.random.key(1), x)
+
+    def loss(model, p):
+        return jnp.sum(jnp.sin(model.apply(p, x)))
+
+    ref_model, fast_model = _TwoConvs(), _TwoConvs(conv=jconv.make_conv("fast"))
+    _assert_close(jax.jit(fast_model.apply)(params, x), jax.jit(ref_model.apply)(params, x), rtol=1e-6)
+    g_ref = jax.jit(jax.grad(lambda p: loss(ref_model, p)))(params)
+    g = jax.jit(jax.grad(lambda p: loss(fast_model, p)))(params)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+        _assert_close(a, b, rtol=1e-5)
+
+
+def test_batch_sharded_over_devices():
+    """Batch split over the 8 fake CPU devices with jit + NamedSharding gives the unsharded result."""
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs several devices")
+    mesh = jax.sharding.Mesh(np.array(devices), ("b",))
+    strides, padding = (2, 2), ((1, 1), (1, 1))
+    x, w, dy = _inputs(2 * len(devices), 8, 8, 4, 8, 3, 3, strides, padding, jnp.float32)
+    ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
+    xs = jax.device_put(x, NamedSharding(mesh, P("b")))
+    dys = jax.device_put(dy, NamedSharding(mesh, P("b")))
+    got = _value_and_grads(jconv.conv_general_dilated, xs, w, dys, strides, padding)
+    for g, r in zip(got, ref):
+        _assert_close(g, r, rtol=1e-5)
