@@ -1,6 +1,6 @@
 """Discrete-event simulator of the SPRINT protocol: the judge of :mod:`jaxsprint.perf.sprint`.
 
-The protocol (``/work/shared/docs/sprint-model.md``): ``N`` learners compute sub-batch gradients
+The protocol (docs/perf-model.md, "The protocol"): ``N`` learners compute sub-batch gradients
 back to back, each taking a random time ``T_i`` (mean ``T_c``, coefficient of variation ``cv``);
 a finished gradient goes to the updater's buffer and the learner reads the newest published
 version and starts again. The updater's cycle ``k`` starts at ``k T_u``, gathers the buffer

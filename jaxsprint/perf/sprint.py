@@ -3,7 +3,7 @@ r"""The SPRINT performance model: compute and updater times, epoch time, mini-ba
 Everything here is pure jnp (jit, vmap and grad work); Python-side checks live in
 :func:`validate_timings` and :func:`validate_config` and are meant for launchers.
 
-**Protocol** (``/work/shared/docs/sprint-model.md``, "the protocol this project models").
+**Protocol** (docs/perf-model.md, "The protocol", "the protocol this project models").
 ``N`` learners each compute one sub-batch gradient in a random time ``T_i`` (mean ``T_c``,
 coefficient of variation ``cv``), hand it to the updater and start again at once with the newest
 published weights. The updater runs cycles of length ``T_u`` back to back; the cycle starting at
