@@ -57,10 +57,11 @@ flags.DEFINE_list("allreduce_bytes", ["4096", "65536", "1048576", "4194304", "16
                   "Message sizes of the all-reduce timings, bytes per rank.")
 flags.DEFINE_integer("allreduce_reps", 10, "All-reduces timed per size and round.")
 flags.DEFINE_float("allreduce_timeout_s", 120.0, "Stop the all-reduce processes after this long.")
-flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "half_efficiency_rows",
-                                 "step_overhead_s"],
-                  "Compute figures fitted to the step timings (the others keep the --base preset's "
-                  "values, which scripts/calibrate_compute.py fitted on 40 small CNNs).")
+flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight"],
+                  "Compute figures fitted to the step timings: by default the two pass "
+                  "efficiencies, i.e. a rescaling of the --base preset, whose per-layer shape "
+                  "figures scripts/calibrate_compute.py fitted on 40 small CNNs (a few timings "
+                  "cannot identify more; see docs/perf-search.md).")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
 
 _CIFAR_TABLES = {"resnet8": lambda: networks.resnet_cifar(1), "resnet20": lambda: networks.resnet_cifar(3),
@@ -222,7 +223,8 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     machine = summary.pop("machine")
     fitted = {**summary["compute_fit"]["fitted"], **summary.get("network_fit", {}).get("fitted", {})}
-    ses = {**summary["compute_fit"]["rel_std_error"], **summary.get("network_fit", {}).get("rel_std_error", {})}
+    ses = {**summary["compute_fit"]["rel_std_error"],
+           **summary.get("network_fit", {}).get("rel_std_error", {})}
     sources = dict(machines.get(FLAGS.base).sources)
     sources.update({f: f"fitted by experiments/calibrate.py (relative standard error "
                        f"{100 * ses[f]:.1f}%)" for f in fitted})

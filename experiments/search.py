@@ -11,7 +11,7 @@ precision choice (a space no grid can enumerate); ``--plot=FILE.png`` draws the 
 trajectory on the epoch-time / mini-batch plane; ``--json`` prints one JSON object;
 ``--machine_file`` reads a preset written by ``experiments/calibrate.py``.
 
-``--benchmark`` runs the measurements of ``docs/perf-search.md`` (about 5 minutes here) and
+``--benchmark`` runs the measurements of ``docs/perf-search.md`` (about 4 minutes here) and
 writes ``--benchmark_json``. Bad input exits with status 2 and one message naming the flag.
 """
 from __future__ import annotations
@@ -148,12 +148,14 @@ def _row(c: dict[str, Any]) -> str:
 
 def table(space: search.Space, target: search.Target, out: dict[str, Any], warnings: list[str]) -> str:
     """Human-readable report."""
-    band = (f"{target.minibatch:g} +- {100 * target.tolerance:g}% "
-            f"({target.minibatch * (1 - target.tolerance):.6g}..{target.minibatch * (1 + target.tolerance):.6g})")
+    lo, hi = target.minibatch * (1 - target.tolerance), target.minibatch * (1 + target.tolerance)
+    band = f"{target.minibatch:g} +- {100 * target.tolerance:g}% ({lo:.6g}..{hi:.6g})"
+    stale = (f", mean staleness <= {target.max_staleness:g}"
+             if math.isfinite(target.max_staleness) else "")
     lines = [f"search: {networks.describe(space.network)}",
              f"        on {space.machine.name}: {space.machine.description}",
              f"        target mean mini-batch {band}"
-             + (f", mean staleness <= {target.max_staleness:g}" if math.isfinite(target.max_staleness) else ""),
+             + stale,
              f"        nodes 1..{space.max_nodes}, learners per node 1..{space.max_gpus_per_node}, "
              f"sub-batch {space.min_sub_batch}..{space.max_sub_batch}"
              + (f", low precision per row ({space.num_precision} rows, at most "
@@ -170,7 +172,8 @@ def table(space: search.Space, target: search.Target, out: dict[str, Any], warni
             rows = [space.network.layer_names[i] for i, v in enumerate(b["low_precision"]) if v]
             lines.append(f"  low-precision rows ({len(rows)}): {', '.join(rows) if rows else 'none'}")
         if out["runner_ups"]:
-            lines += ["runner-ups (other learners per node, or nodes more than 2% apart):", head] + [_row(c) for c in out["runner_ups"]]
+            lines += ["runner-ups (other learners per node, or nodes more than 2% apart):", head]
+            lines += [_row(c) for c in out["runner_ups"]]
     else:
         c = out["closest"]
         lines += ["no configuration meets the target; the closest one:", head, _row(c),
@@ -188,7 +191,8 @@ def table(space: search.Space, target: search.Target, out: dict[str, Any], warni
                f"{gb['epoch_time_s']:.4g} s" if gb else "no feasible configuration")
         gap = f"; gradient search within {100 * g['gap']:+.3f}%" if "gap" in g else ""
         lines.append(f"grid: {g['evaluations']:,} evaluations in {g['wall_s']:.2f} s "
-                     f"(+ {g['compile_s']:.1f} s compilation), {g['feasible_count']:,} feasible; {res}{gap}")
+                     f"(+ {g['compile_s']:.1f} s compilation), {g['feasible_count']:,} feasible; "
+                     f"{res}{gap}")
     if "sensitivities" in out:
         rows = [search.Sensitivity(**r) for r in out["sensitivities"]]
         lines += ["sensitivities of the epoch time at this configuration "
@@ -389,8 +393,8 @@ def benchmark(path: str, repeats: int = 3) -> dict[str, Any]:
     out["summary"] = dict(
         cases=len(out["cases"]), within_1_percent=sum(g <= 0.01 for g in gaps),
         exact=sum(g <= 1e-6 for g in gaps), max_gap=max(gaps),
-        median_evaluation_ratio=float(np.median([c["grid"]["evaluations"] / c["gradient"]["total_evaluations"]
-                                                 for c in out["cases"]])),
+        median_evaluation_ratio=float(np.median([
+            c["grid"]["evaluations"] / c["gradient"]["total_evaluations"] for c in out["cases"]])),
         median_wall_ratio=float(np.median([c["grid"]["wall_s"] / c["gradient"]["wall_s"]
                                            for c in out["cases"]])))
     print(json.dumps(out["summary"]))
@@ -413,7 +417,8 @@ def benchmark(path: str, repeats: int = 3) -> dict[str, Any]:
             greedy, greedy_evals = _fixed_precision_grid(space, target, p_greedy)
             k = g.total_evaluations
             xr = np.concatenate([
-                np.exp(rng.uniform(0, np.log(space.upper + 1), (k, 3))).astype(int).clip(space.lower, space.upper),
+                np.exp(rng.uniform(0, np.log(space.upper + 1), (k, 3))).astype(int).clip(
+                    space.lower, space.upper),
                 (rng.random((k, space.num_precision)) < 0.5).astype(int)], 1)
             ep, ok = _chunks(space, target, xr)
             rand = float(ep[ok].min()) if ok.any() else None

@@ -101,7 +101,7 @@ def precision_space():
     return search.make_space(net, mc.get("abci"), max_nodes=6, max_sub_batch=24, precision=prec)
 
 
-@pytest.mark.parametrize("target_minibatch", [50, 150, 300])
+@pytest.mark.parametrize("target_minibatch", [20, 100, 300])
 def test_precision_space_matches_the_grid(precision_space, target_minibatch):
     sp, net = precision_space, precision_space.network
     assert sp.num_precision == len(net.layer_names) == 5

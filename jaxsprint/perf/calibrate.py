@@ -313,13 +313,13 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
     best = int(jnp.argmin(losses))
     log_theta = to_theta(u_final[best])
     fitted_machine = machine_of(log_theta)
-    rs, ra = residuals(log_theta)
+    rs, ra = jax.jit(residuals)(log_theta)  # jitted: eager op-by-op dispatch is slow
 
     # Gauss-Newton standard errors in log space: each kind's residual variance is estimated
     # from its own residuals (degrees of freedom shared in proportion), then
     # Cov(log theta) = (J^T diag(1 / s_kind^2) J)^-1.
     jac_s, jac_a = (np.asarray(j, np.float64).reshape(-1, len(fields))
-                    for j in jax.jacfwd(residuals)(log_theta))
+                    for j in jax.jit(jax.jacfwd(residuals))(log_theta))
     n_all, k = len(steps) + len(allreduces), len(fields)
     dof_scale = n_all / max(n_all - k, 1)
     rows, weights = [], []

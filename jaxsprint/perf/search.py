@@ -623,7 +623,7 @@ def grid_search(space: Space, target: Target, *, chunk: int = 1 << 16, top_k: in
     """
     if space.size > GRID_MAX_CONFIGS:
         raise SearchError(f"the grid has {space.size:.3g} configurations; allowed: at most "
-                          f"{GRID_MAX_CONFIGS} (use gradient_search)")
+                          f"{GRID_MAX_CONFIGS} (use gradient_search: the launcher without --grid)")
     chunk = int(min(chunk, 1 << max(4, math.ceil(math.log2(space.size)))))
     t0 = time.perf_counter()
     run, decode = _grid_fn(space, chunk, top_k)
