@@ -213,6 +213,20 @@ def test_fast_path_is_taken_and_make_conv():
     assert _uses_custom_vjp(call(jconv.make_conv("auto")), x, w)
     with pytest.raises(ValueError):
         jconv.make_conv("cudnn")
+    with pytest.raises(ValueError):
+        jconv.make_conv("fast", batch_split=0)
+
+
+def test_batch_split_equals_lax():
+    strides, padding = (2, 2), "SAME"
+    x, w, dy = _inputs(6, 9, 9, 4, 8, 3, 3, strides, padding, jnp.float32)
+    conv2 = jconv.make_conv("fast", batch_split=2)
+    conv4 = jconv.make_conv("fast", batch_split=4)  # does not divide 6: no split
+    ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
+    for conv_fn in (conv2, conv4):
+        got = _value_and_grads(conv_fn, x, w, dy, strides, padding)
+        for g, r in zip(got, ref):
+            _assert_close(g, r, rtol=1e-5)
 
 
 class _TwoConvs(nn.Module):
