@@ -36,6 +36,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
+
 from jaxsprint.errors import JaxsprintError  # noqa: E402
 from jaxsprint.perf import calibrate, machines, networks  # noqa: E402
 
@@ -236,15 +238,6 @@ def main(argv: list[str]) -> None:
                           calibration=summary, measurements=meas)
     print(f"\nwrote {FLAGS.out}; use it with --machine_file={FLAGS.out} "
           "(experiments/predict.py, experiments/search.py)")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing that reports a malformed flag with exit status 2 and no traceback."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

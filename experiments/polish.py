@@ -76,13 +76,7 @@ def main(argv):
     ]))
 
 
-def parse_flags(argv):
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
+    from jaxsprint.cli import parse_flags
+
     app.run(main, flags_parser=parse_flags)

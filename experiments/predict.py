@@ -25,6 +25,8 @@ from typing import Any
 
 from absl import app, flags
 
+from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
+
 from jaxsprint.errors import JaxsprintError
 from jaxsprint.perf import calibrate, collectives, machines, networks, simulate, sprint
 
@@ -202,15 +204,6 @@ def main(argv: list[str]) -> None:
 _OUR_FLAGS = ("machine", "machine_file", "network", "nodes", "gpus_per_node", "allreduce", "workers", "t_compute",
               "t_update", "t_compute_cv", "sub_batch", "dataset_size", "json", "plot", "sim_cycles",
               "seed")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing that reports a malformed flag with exit status 2 and no traceback."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from typing import Any
 
 from absl import app, flags
 
+from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
+
 from jaxsprint.errors import JaxsprintError
 from jaxsprint.perf import calibrate, collectives, machines, networks, search, sprint
 
@@ -472,15 +474,6 @@ def main(argv: list[str]) -> None:
         print(table(space, target, out, warnings))
         if values["plot"]:
             print(f"wrote {values['plot']}")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing that reports a malformed flag with exit status 2 and no traceback."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -133,4 +133,6 @@ def write_report(base, results):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from jaxsprint.cli import parse_flags
+
+    app.run(main, flags_parser=parse_flags)

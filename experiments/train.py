@@ -48,14 +48,7 @@ def main(argv):
     logging.info("summary written to %s", os.path.join(_WORKDIR.value, "summary.json"))
 
 
-def parse_flags(argv):
-    """absl's parser, but a bad flag exits 2 with one line (absl's own default is status 1)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
+    from jaxsprint.cli import parse_flags
+
     app.run(main, flags_parser=parse_flags)
