@@ -31,12 +31,18 @@ The fast path covers what ResNets use: NHWC input, HWIO kernel, NHWC output (the
 stride, any kernel size, string or explicit non-negative padding, float32/bfloat16/float16 with no
 ``preferred_element_type`` change. Everything else falls back to ``lax.conv_general_dilated``.
 
+XLA:CPU runs these YNNPACK convolutions on one thread each, so a single-device step leaves a core
+idle; ``batch_split=2`` runs every convolution (and its gradients) on two batch halves that XLA can
+run concurrently. ``make_conv("auto")`` does that when the process has a single JAX device. With a
+batch sharded over devices keep it at 1: the devices already run concurrently, and slicing a
+sharded batch costs communication.
+
 Not supported on the fast path: forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``,
 forward-over-reverse Hessians), as for any ``jax.custom_vjp`` function; use kind "xla" there.
 
 Usage with flax::
 
-    conv = jaxsprint.conv.make_conv("auto")      # "fast" on CPU, "xla" elsewhere
+    conv = jaxsprint.conv.make_conv(config.conv)  # "auto" | "fast" | "xla"
     y = nn.Conv(64, (3, 3), conv_general_dilated=conv)(x)
 """
 
@@ -254,33 +260,43 @@ def conv_general_dilated(lhs: jax.Array, rhs: jax.Array, window_strides: Sequenc
     return _fast_conv(lhs, rhs, strides, pads, precision)
 
 
-def _auto_conv_general_dilated(*args: Any, batch_split: int = 1, **kwargs: Any) -> jax.Array:
-    """The fast convolution when tracing for the CPU backend, lax's everywhere else."""
-    if jax.default_backend() == "cpu":
-        return conv_general_dilated(*args, batch_split=batch_split, **kwargs)
-    return lax.conv_general_dilated(*args, **kwargs)
+def _auto_conv_general_dilated(*args: Any, batch_split: int | None = None, **kwargs: Any) -> jax.Array:
+    """The fast convolution when tracing for the CPU backend, lax's everywhere else.
+
+    Unless given, batch_split is 2 when the process has a single JAX device (nothing can be
+    sharded, and two batch halves let XLA:CPU run two single-threaded convolutions at once) and 1
+    otherwise.
+    """
+    if jax.default_backend() != "cpu":
+        return lax.conv_general_dilated(*args, **kwargs)
+    if batch_split is None:
+        batch_split = 2 if jax.device_count() == 1 else 1
+    return conv_general_dilated(*args, batch_split=batch_split, **kwargs)
 
 
-def make_conv(kind: str = "auto", *, batch_split: int = 1) -> ConvFn:
+def make_conv(kind: str = "auto", *, batch_split: int | None = None) -> ConvFn:
     """Selects the convolution that models pass to ``flax.linen.Conv(conv_general_dilated=...)``.
 
     Args:
         kind: "xla" (``lax.conv_general_dilated``, XLA's own gradient), "fast" (this module's
             custom-VJP convolution on every backend) or "auto" (fast when the default JAX backend
             is CPU, decided each time a function is traced; XLA's own elsewhere).
-        batch_split: see :func:`conv_general_dilated`; 1 (the default) for a batch sharded over
-            devices, 2 can pay for single-device CPU training. Ignored by "xla".
+        batch_split: see :func:`conv_general_dilated`. None means 1 for "fast", and for "auto" 2
+            when the process has a single JAX device, else 1. Ignored by "xla".
 
     Returns:
         A function with the signature of ``lax.conv_general_dilated``.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown conv kind {kind!r}; expected one of {KINDS}")
-    if not isinstance(batch_split, int) or batch_split < 1:
-        raise ValueError(f"batch_split must be a positive int, got {batch_split!r}")
+    if batch_split is not None and (not isinstance(batch_split, int) or batch_split < 1):
+        raise ValueError(f"batch_split must be a positive int or None, got {batch_split!r}")
     if kind == "xla":
         return lax.conv_general_dilated
-    fn = conv_general_dilated if kind == "fast" else _auto_conv_general_dilated
-    if batch_split == 1:
-        return fn
-    return functools.partial(fn, batch_split=batch_split)
+    if kind == "fast":
+        if batch_split is None or batch_split == 1:
+            return conv_general_dilated
+        return functools.partial(conv_general_dilated, batch_split=batch_split)
+    if batch_split is None:
+        return _auto_conv_general_dilated
+    return functools.partial(_auto_conv_general_dilated, batch_split=batch_split)
