@@ -87,16 +87,8 @@ def write_report(base, results):
             f"{list(base.study.seeds)}; geometric staleness truncated at 4x its mean (max 64); DC-ASGD lambda "
             f"{base.async_emulation.dc_lambda}. Test set: 297 images. Total run time {minutes:.0f} min.\n\n"
             + table + "\n")
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing (pip install -e '.[plot]'): no plot written")
+    plt = studies.write_report_text(_OUT.value + ".md", text)
+    if plt is None:
         return
     import numpy as np
 

@@ -73,16 +73,8 @@ def write_report(base, results):
             f"whole training set (iterated to convergence); no-augmentation epochs: "
             f"{base.polish.no_augment_epochs}. Test set: 297 images (one image = 0.34 points). "
             f"Total run time {minutes:.0f} min.\n\n" + table + "\n")
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing (pip install -e '.[plot]'): no plot written")
+    plt = studies.write_report_text(_OUT.value + ".md", text)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for m in MODES:

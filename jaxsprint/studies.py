@@ -82,3 +82,19 @@ def load_json(path: str, default: Callable[[], Any]) -> Any:
         with open(path) as f:
             return json.load(f)
     return default()
+
+
+def write_report_text(path: str, text: str):
+    """Writes the Markdown report, prints it, and returns matplotlib's pyplot (Agg) or None if not installed."""
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -e '.[plot]'): no plot written")
+        return None
+    return plt
