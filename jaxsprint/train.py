@@ -54,7 +54,7 @@ def _micro_batches(x: jax.Array, k: int, num_shards: int) -> jax.Array:
 
 def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, accum_steps: int = 1,
                     num_shards: int = 1, mesh: Mesh | None = None,
-                    grad_transform: Callable | None = None) -> Callable:
+                    grad_transform: Callable | None = None, unroll_accum: int = 8) -> Callable:
     """Builds ``step(state, images, labels, weights=None) -> (state, metrics)``; pure, jit it once.
 
     Args:
@@ -65,6 +65,8 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
       num_shards: devices along ``data`` (for the locality-preserving micro-batch split).
       mesh: if given, micro-batches are constrained to stay sharded along ``data``.
       grad_transform: optional ``(grads, state) -> grads`` applied before the optimizer (for experiments).
+      unroll_accum: up to this many micro-batches are unrolled in the program (longer compile, but XLA:CPU
+        runs convolutions in a loop body 6-40x slower); more are a ``lax.scan`` (constant program size).
 
     The loss is the weighted mean sum_i w_i CE_i / sum_i w_i over the global batch with per-example weights
     `weights` (default 1; the asynchronous emulator's random mini-batch uses them), so accumulation and
@@ -101,8 +103,11 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         init = (zeros, state.batch_stats, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
                 jnp.zeros((), jnp.float32))
-        if accum_steps == 1:
-            carry, _ = body(init, tuple(a[0] for a in xs))
+        if accum_steps <= unroll_accum:
+            # Unrolled: XLA:CPU runs convolutions inside a loop body several times slower than outside one.
+            carry = init
+            for i in range(accum_steps):
+                carry, _ = body(carry, tuple(a[i] for a in xs))
         else:
             carry, _ = jax.lax.scan(body, init, xs)
         grads, new_stats, loss, correct, count = carry

@@ -1,5 +1,6 @@
 """Train step invariants: sharded == unsharded, ghost BN differs, accumulation, exact resume, NaN guard."""
 import jax
+import optax
 import numpy as np
 import pytest
 
@@ -144,3 +145,19 @@ def test_bad_async_config_names_the_field():
                    "async_emulation.pmf": (0.5, 0.6), "async_emulation.max_staleness": 1})
     with pytest.raises(ConfigError, match="config.async_emulation"):
         train.make_async_emulation(c)
+
+
+def test_scanned_accumulation_equals_unrolled():
+    from jaxsprint import models
+
+    model = models.create_model("tiny_nobn", num_classes=10)
+    images, labels = _batch(32)
+    x = (images.astype(np.float32) - 50.0) / 50.0
+    tx = optax.sgd(0.1, momentum=0.9)
+    state = train.create_train_state(jax.random.key(0), model, tx, (1, 8, 8, 1))
+    w = np.ones(32, np.float32)
+    outs = []
+    for unroll in (8, 1):  # 4 micro-batches: unrolled, then scanned
+        step = jax.jit(train.make_train_step(model=model, num_classes=10, accum_steps=4, unroll_accum=unroll))
+        outs.append(jax.device_get(step(state, x, labels, w)[0].params))
+    assert _max_diff(outs[0], outs[1]) < 1e-6
