@@ -524,7 +524,8 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     no_aug_from = hp.total_steps + 1
     if mode in ("no_augment_epochs", "both"):
         no_aug_from = max(0, hp.total_steps - int(round(config.polish.no_augment_epochs * hp.steps_per_epoch)))
-    ones = np.ones(hp.global_batch // jax.process_count(), np.float32)
+    # Unit example weights, placed on the devices once (not every step) when the mini-batch is not emulated.
+    ones = parallel.shard_batch({"w": np.ones(hp.global_batch // jax.process_count(), np.float32)}, exp.mesh)["w"]
 
     def host_batches() -> Iterator[dict[str, np.ndarray]]:
         for s in range(start_step, end_step):
@@ -561,7 +562,7 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
         if exp.weights_fn is not None:
             weights, k = exp.weights_fn(jax.random.fold_in(key, 1))
         else:
-            weights, k = parallel.shard_batch({"w": ones}, exp.mesh)["w"], None
+            weights, k = ones, None
         state, metrics = exp.train_step(state, images, arrays["label"], weights)
         if k is not None:
             metrics = dict(metrics, minibatch_k=k)
