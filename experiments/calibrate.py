@@ -9,8 +9,10 @@ r"""Calibrate the "this machine" preset: measure train steps and all-reduces, fi
         --network=resnet20 --target_minibatch=256 --max_nodes=4
 
 Measures (1) the train step of this project's own CIFAR ResNets (``jaxsprint.train``, momentum
-SGD) at several batch sizes, as process CPU time with XLA:CPU single-threaded (one learner per
-core, as the ``cpu`` preset models; CPU time is far steadier than wall time on a shared machine),
+SGD, the fast convolution and XLA options training uses on one CPU device, host memory retained as
+in ``jaxsprint/hostmem.py``) at several batch sizes, as process CPU time with XLA:CPU's Eigen
+single-threaded (one learner per core, as the ``cpu`` preset models; CPU time is far steadier
+than wall time on a shared machine),
 and (2) all-reduces of several sizes over 2-4 local JAX processes joined by
 ``jax.distributed`` (gloo, localhost ports only, bounded timeouts). It fits the compute
 efficiencies on the steps not held out and ``network_latency_s``, ``network_bandwidth_bytes_per_s``
@@ -38,6 +40,7 @@ from absl import app, flags  # noqa: E402
 
 from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
 
+from jaxsprint import hostmem  # noqa: E402
 from jaxsprint.errors import JaxsprintError  # noqa: E402
 from jaxsprint.perf import calibrate, machines, networks  # noqa: E402
 
@@ -47,11 +50,13 @@ flags.DEFINE_string("out", "runs/calibrate/this_machine.json", "Where to save th
 flags.DEFINE_string("measurements", None, "Refit the measurements saved in this preset file "
                     "instead of measuring.")
 flags.DEFINE_string("base", "cpu", f"Preset the fit starts from: {', '.join(machines.PRESETS)}.")
-flags.DEFINE_list("models", ["resnet8", "resnet20", "resnet32"], "This project's models to time "
+flags.DEFINE_list("models", ["resnet8", "resnet20", "resnet32", "resnet56"], "This project's models to time "
                   "(jaxsprint.models names with a cost table in jaxsprint.perf.networks).")
 flags.DEFINE_list("batches", ["4", "8", "16", "32", "64"], "Batch sizes of the step timings.")
 flags.DEFINE_list("holdout_batches", ["8", "32"], "Batch sizes held out of the fit (predicted).")
 flags.DEFINE_list("holdout_models", [], "Models held out of the fit (predicted).")
+flags.DEFINE_enum("conv_impl", "fast", ["fast", "xla"], "Convolution of the timed steps "
+                  "(config.conv_impl of training; fast is what training runs on CPU).")
 flags.DEFINE_integer("rounds", 4, "Interleaved timing rounds (each step's best round median is kept).")
 flags.DEFINE_float("min_time_s", 0.2, "Time each step at least this long per round.")
 flags.DEFINE_list("ranks", ["2", "3", "4"], "Process counts of the all-reduce timings (empty: skip).")
@@ -59,11 +64,12 @@ flags.DEFINE_list("allreduce_bytes", ["4096", "65536", "1048576", "4194304", "16
                   "Message sizes of the all-reduce timings, bytes per rank.")
 flags.DEFINE_integer("allreduce_reps", 10, "All-reduces timed per size and round.")
 flags.DEFINE_float("allreduce_timeout_s", 120.0, "Stop the all-reduce processes after this long.")
-flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight"],
-                  "Compute figures fitted to the step timings: by default the two pass "
-                  "efficiencies, i.e. a rescaling of the --base preset, whose per-layer shape "
-                  "figures scripts/calibrate_compute.py fitted on 40 small CNNs (a few timings "
-                  "cannot identify more; see docs/perf-search.md).")
+flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cache_miss_slowdown_weight_grad",
+                                "half_efficiency_rows", "per_layer_overhead_s"],
+                  "Compute figures fitted to the step timings: by default the two pass efficiencies, "
+                  "the weight-gradient cache slowdown (the --base preset's was fitted to XLA's own "
+                  "filter gradient, which the fast convolution replaces), the saturation in batch x "
+                  "pixels and the per-layer overhead (see docs/perf-search.md).")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
 
 _CIFAR_TABLES = {"resnet8": lambda: networks.resnet_cifar(1), "resnet20": lambda: networks.resnet_cifar(3),
@@ -115,10 +121,10 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     """Step and all-reduce timings of this machine (JSON-ready records)."""
     configs = [(m, b) for m in FLAGS.models for b in cfg["batches"]]
     timed = calibrate.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
-                                          log=lambda s: print(s, flush=True))
+                                          conv_impl=FLAGS.conv_impl, log=lambda s: print(s, flush=True))
     steps = []
     for (model, batch), (t, samples) in zip(configs, timed):
-        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples))
+        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, conv_impl=FLAGS.conv_impl))
         print(f"step {model} batch {batch}: {1e3 * t:.2f} ms (CPU time)", flush=True)
     allreduces = []
     for r in cfg["ranks"]:
@@ -209,6 +215,10 @@ def main(argv: list[str]) -> None:
         print(f"error: unexpected arguments {argv[1:]}; all options are --flags", file=sys.stderr)
         sys.exit(2)
     try:
+        try:  # before JAX starts its threads (see jaxsprint/hostmem.py); the steps run on one device
+            print(hostmem.configure(), flush=True)
+        except ValueError as e:
+            raise LauncherError(str(e)) from None
         cfg = check_flags()
         if FLAGS.measurements:
             meas = load_measurements(FLAGS.measurements)

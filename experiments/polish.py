@@ -31,7 +31,12 @@ def main(argv):
         import jax
         import orbax.checkpoint as ocp
 
-        from jaxsprint import train
+        from jaxsprint import hostmem, train
+
+        try:  # before JAX starts its threads (see jaxsprint/hostmem.py)
+            hostmem.configure()
+        except ValueError as e:
+            raise JaxsprintError(str(e)) from None
 
         if quiet:
             logging.set_verbosity(logging.WARNING)

@@ -29,7 +29,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     quiet = not flags.FLAGS["verbosity"].present
     try:
-        from jaxsprint import parallel, train
+        from jaxsprint import hostmem, parallel, train
+
+        try:  # before JAX starts its threads (see jaxsprint/hostmem.py)
+            allocator = hostmem.configure()
+        except ValueError as e:
+            raise JaxsprintError(str(e)) from None
 
         if quiet:  # libraries (orbax) log every save at INFO; set after their imports, which reset it
             logging.set_verbosity(logging.WARNING)
@@ -40,6 +45,7 @@ def main(argv):
             raise JaxsprintError("--workdir is required")
         parallel.maybe_initialize_distributed(coordinator_address=_COORD.value, num_processes=_NPROC.value,
                                               process_id=_PID.value)
+        logging.info(allocator)
         summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except JaxsprintError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -164,14 +164,18 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
     return jax.tree.map(lambda x: x.astype(jnp.float32), stats)
 
 
-def jit_moments_fn(model, mesh: Mesh | None = None, preprocess: Callable | None = None) -> Callable:
-    """The jitted per-batch moments function (replicated outputs; batch sharded along ``data`` if `mesh`)."""
+def jit_moments_fn(model, mesh: Mesh | None = None, preprocess: Callable | None = None,
+                   compiler_options: dict[str, str] | None = None) -> Callable:
+    """The jitted per-batch moments function (replicated outputs; batch sharded along ``data`` if `mesh`).
+
+    ``compiler_options`` go to ``jax.jit`` (e.g. ``jaxsprint.conv.compiler_options(kind)``).
+    """
     base = make_moments_fn(model)
     fn = base if preprocess is None else (lambda v, x, m: base(v, preprocess(x), m))
     if mesh is None:
-        return jax.jit(fn)
+        return jax.jit(fn, compiler_options=compiler_options)
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
-    return jax.jit(fn, in_shardings=(rep, dat, dat), out_shardings=rep)
+    return jax.jit(fn, in_shardings=(rep, dat, dat), out_shardings=rep, compiler_options=compiler_options)
 
 
 _MERGE = None

@@ -294,6 +294,17 @@ def conv_fn(impl: str) -> Callable | None:
     return conv_lib.make_conv(impl)
 
 
+def compiler_options(impl: str) -> dict[str, str] | None:
+    """XLA options for the jitted functions that run a model built with ``conv_fn(impl)``.
+
+    See :func:`jaxsprint.conv.compiler_options` (on a single CPU device the convolutions go to XLA's
+    multi-threaded Eigen kernels; None elsewhere).
+    """
+    from jaxsprint import conv as conv_lib
+
+    return conv_lib.compiler_options(impl)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The loop.
 
@@ -362,7 +373,9 @@ def build_experiment(config) -> Experiment:
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
     step = make_train_step(model=model, num_classes=dataset.num_classes, label_smoothing=config.label_smoothing,
                            accum_steps=hp.accum_steps, num_shards=mesh.size, mesh=mesh)
-    train_step = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0)
+    copts = compiler_options(config.conv_impl)
+    train_step = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
+                         compiler_options=copts)
     weights_fn = None
     if minibatch is not None:
         n_sub, k_pmf = minibatch
@@ -373,7 +386,7 @@ def build_experiment(config) -> Experiment:
 
         weights_fn = jax.jit(draw, out_shardings=(dat, rep))
     eval_step = jax.jit(make_eval_step(model=model, num_classes=dataset.num_classes),
-                        in_shardings=(rep, dat, dat, dat), out_shardings=rep)
+                        in_shardings=(rep, dat, dat, dat), out_shardings=rep, compiler_options=copts)
     train_pre, eval_pre = data_lib.make_preprocess_fns(config, dataset)
     return Experiment(config=config, dataset=dataset, mesh=mesh, hp=hp, model=model, tx=tx, schedule=schedule,
                       train_step=train_step, eval_step=eval_step, weights_fn=weights_fn,
@@ -476,9 +489,11 @@ def polish_batches(exp: Experiment, num_samples: int) -> list[dict[str, np.ndarr
 def run_polish(exp: Experiment, state: TrainState, info: dict | None = None) -> dict:
     """Final Polishing of `state`'s weights on un-augmented training images (``config.polish``)."""
     p = exp.config.polish
+    moments_fn = polish.jit_moments_fn(exp.model, exp.mesh, exp.eval_preprocess,
+                                       compiler_options(exp.config.conv_impl))
     return polish.recompute_batch_stats(
         exp.model, {"params": state.params, "batch_stats": state.batch_stats}, polish_batches(exp, p.num_samples),
-        mesh=exp.mesh, num_samples=None, num_passes=p.num_passes, preprocess=exp.eval_preprocess, info=info)
+        mesh=exp.mesh, num_samples=None, num_passes=p.num_passes, moments_fn=moments_fn, info=info)
 
 
 def _histogram_add(counts: np.ndarray | None, values: np.ndarray, size: int) -> np.ndarray:

@@ -38,6 +38,9 @@ def _time(fn, steps: int) -> float:
 
 
 def worker(rows: list[str], impls: list[str], steps: int, dtype: str) -> list[dict]:
+    from jaxsprint import hostmem
+
+    print(hostmem.configure(), file=sys.stderr, flush=True)  # before JAX starts (jaxsprint/hostmem.py)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -65,8 +68,11 @@ def worker(rows: list[str], impls: list[str], steps: int, dtype: str) -> list[di
             state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
                             out_shardings=rep)(jax.random.key(0))
             step = train.make_train_step(model=model, num_classes=classes, num_shards=n_dev, mesh=mesh)
-            jstep = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0)
-            fwd = jax.jit(lambda v, x: model.apply(v, x, train=False), in_shardings=(rep, dat), out_shardings=dat)
+            copts = train.compiler_options(impl)
+            jstep = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
+                            compiler_options=copts)
+            fwd = jax.jit(lambda v, x: model.apply(v, x, train=False), in_shardings=(rep, dat), out_shardings=dat,
+                          compiler_options=copts)
             flops = None
             if n_dev == 1:
                 cost = jstep.lower(state, images, labels, weights).compile().cost_analysis()
@@ -202,6 +208,10 @@ def main():
             sys.exit(f"worker with {n} devices failed:\n{r.stderr[-3000:]}")
         results += json.loads(r.stdout.strip().splitlines()[-1])
     flops = {(x["row"], x["impl"]): x["train_flops"] for x in results if x["train_flops"]}
+    if args.torch:  # the same allocator policy as the one-device JAX workers (jaxsprint/hostmem.py)
+        from jaxsprint import hostmem
+
+        print(f"torch process: {hostmem.configure()}", file=sys.stderr, flush=True)
     torch_ips = torch_rows(rows, args.steps) if args.torch else {}
     header = ["network:batch", "conv", "devices", "step ms", "fwd ms", "step/fwd", "img/s", "GFLOP/s", "% peak"]
     if torch_ips:

@@ -270,3 +270,60 @@ def test_batch_sharded_over_devices():
     got = _value_and_grads(jconv.conv_general_dilated, xs, w, dys, strides, padding)
     for g, r in zip(got, ref):
         _assert_close(g, r, rtol=1e-5)
+
+
+def test_compiler_options_policy():
+    """No options with several devices (this session has 8) or for "xla"; bad kinds are refused."""
+    assert jax.device_count() == 8
+    for kind in jconv.KINDS:
+        assert jconv.compiler_options(kind) is None
+    with pytest.raises(ValueError, match="unknown conv kind"):
+        jconv.compiler_options("cudnn")
+
+
+# Runs in a fresh one-device process: the gradients of a conv stack under the single-CPU-device
+# options equal lax's under XLA's defaults, and the options do move the convolutions off YNNPACK.
+_ONE_DEVICE_DRIVER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jaxsprint import conv as jconv
+DN = ("NHWC", "HWIO", "NHWC")
+opts = jconv.compiler_options("auto")
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((8, 12, 12, 16)), jnp.float32)
+w1 = jnp.asarray(rng.standard_normal((3, 3, 16, 32)) / 12, jnp.float32)
+w2 = jnp.asarray(rng.standard_normal((1, 1, 32, 32)) / 6, jnp.float32)
+def loss(conv, x, w1, w2):
+    h = jax.nn.relu(conv(x, w1, (2, 2), "SAME", dimension_numbers=DN))
+    h = h - jnp.mean(h, axis=(0, 1, 2))
+    return jnp.sum(jnp.sin(conv(h, w2, (1, 1), "VALID", dimension_numbers=DN)) ** 2)
+fast = jax.jit(jax.value_and_grad(lambda *a: loss(jconv.make_conv("auto"), *a), argnums=(0, 1, 2)),
+               compiler_options=opts)
+ref = jax.jit(jax.value_and_grad(lambda *a: loss(lax.conv_general_dilated, *a), argnums=(0, 1, 2)))
+(v, g), (vr, gr) = fast(x, w1, w2), ref(x, w1, w2)
+err = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(g, gr))
+hlo_opt = fast.lower(x, w1, w2).compile().as_text()
+hlo_ref = ref.lower(x, w1, w2).compile().as_text()
+conv_in_ynn = lambda t: any("__ynn_fusion" in l and "convolution" in l for l in t.split("fused_computation"))
+print(json.dumps({"opts": opts, "value_err": abs(float(v - vr)) / abs(float(vr)), "grad_err": err,
+                  "ref_conv_in_ynn": conv_in_ynn(hlo_ref), "opt_conv_in_ynn": conv_in_ynn(hlo_opt)}))
+"""
+
+
+def test_single_device_compiler_options_keep_gradients():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    r = subprocess.run([sys.executable, "-c", _ONE_DEVICE_DRIVER, root], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["opts"] == jconv.SINGLE_CPU_DEVICE_OPTIONS
+    assert out["value_err"] < 1e-5 and out["grad_err"] < 1e-5, out
+    assert out["ref_conv_in_ynn"] and not out["opt_conv_in_ynn"], out

@@ -310,6 +310,10 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
     u_first = jnp.log(frac0) - jnp.log1p(-frac0)
     u_rand = jax.random.normal(jax.random.PRNGKey(seed), (max(starts - 1, 0), len(fields))) * 1.5
     u_final, losses = run(jnp.concatenate([u_first[None], u_rand]))
+    losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)  # a start that overflowed loses
+    if not bool(jnp.isfinite(jnp.min(losses))):
+        raise CalibrationError(f"the fit of {', '.join(fields)} did not converge from any of {starts} starts "
+                               "(the model overflowed); fit fewer fields or narrow their bounds")
     best = int(jnp.argmin(losses))
     log_theta = to_theta(u_final[best])
     fitted_machine = machine_of(log_theta)
@@ -330,11 +334,14 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
             weights.append(np.full(r_k.size, 1.0 / s2))
     jac = np.concatenate(rows)
     w = np.concatenate(weights)
-    diag = np.diag(np.linalg.pinv(jac.T @ (w[:, None] * jac), rcond=1e-10))
+    if np.all(np.isfinite(jac)):
+        diag = np.diag(np.linalg.pinv(jac.T @ (w[:, None] * jac), rcond=1e-10))
+    else:  # a derivative overflowed at the optimum: no standard errors
+        diag = np.full(len(fields), np.inf)
     se = {}
     for i, f in enumerate(fields):
         seen = np.linalg.norm(jac[:, i]) > 1e-6
-        sd = math.sqrt(max(float(diag[i]), 0.0))
+        sd = math.sqrt(max(float(diag[i]), 0.0)) if math.isfinite(float(diag[i])) else math.inf
         se[f] = math.expm1(sd) if seen and sd < 20.0 else math.inf
     at_bound = [f for i, f in enumerate(fields)
                 if min(float(log_theta[i] - log_lo[i]), float(log_hi[i] - log_theta[i]))
@@ -367,7 +374,7 @@ def estimate_cv(samples: Sequence[Sequence[float]]) -> float:
 
 def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
                         min_time_s: float = 0.2, min_reps: int = 3, image_size: int = 32,
-                        log: Any = None) -> list[tuple[float, list[float]]]:
+                        conv_impl: str = "fast", log: Any = None) -> list[tuple[float, list[float]]]:
     """Process CPU seconds of train steps of this project's models (``jaxsprint.train``).
 
     Each ``(model name, batch)`` is :func:`jaxsprint.train.make_train_step` with momentum SGD
@@ -383,6 +390,9 @@ def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
       min_time_s: Time each configuration at least this long per round.
       min_reps: Steps timed per configuration and round, at least.
       image_size: Input height and width (CIFAR: 32).
+      conv_impl: The models' convolution, as ``config.conv_impl`` of training: "fast" (this
+        project's custom-VJP convolution, what training runs on CPU; its batch is never split,
+        since the calibration models one learner per core) or "xla" (XLA's own gradient).
       log: Optional ``print``-like callable for progress lines.
 
     Returns:
@@ -397,8 +407,10 @@ def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
 
     runners = []
     for name, batch in configs:
-        model = project_models.create_model(name, num_classes=10)
-        step = jax.jit(project_train.make_train_step(model=model, num_classes=10))
+        model = project_models.create_model(name, num_classes=10,
+                                            conv_general_dilated=project_train.conv_fn(conv_impl))
+        step = jax.jit(project_train.make_train_step(model=model, num_classes=10),
+                       compiler_options=project_train.compiler_options(conv_impl))
         state = project_train.create_train_state(jax.random.PRNGKey(0), model,
                                                  _optax.sgd(0.1, momentum=0.9),
                                                  (1, image_size, image_size, 3))
