@@ -71,6 +71,9 @@ flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cac
                   "filter gradient, which the fast convolution replaces), the saturation in batch x "
                   "pixels and the per-layer overhead (see docs/perf-search.md).")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
+flags.DEFINE_bool("leave_one_model_out", True, "Also refit once per model with that model's steps held "
+                  "out and report the errors of predicting them (a network the fit has not seen).")
+flags.DEFINE_integer("starts", 6, "Starting points of each fit (the preset's values and random ones).")
 
 _CIFAR_TABLES = {"resnet8": lambda: networks.resnet_cifar(1), "resnet20": lambda: networks.resnet_cifar(3),
                  "resnet32": lambda: networks.resnet_cifar(5), "resnet56": lambda: networks.resnet_cifar(9)}
@@ -106,8 +109,9 @@ def check_flags() -> dict[str, Any]:
         if f not in machines._FIELDS or f in _NETWORK_FIELDS:
             raise LauncherError(f"fit_fields={f!r} is not allowed; allowed: compute figures of "
                                 f"{', '.join(f2 for f2 in machines._FIELDS if f2 not in _NETWORK_FIELDS)}")
-    if FLAGS.rounds < 1 or FLAGS.allreduce_reps < 1:
-        raise LauncherError("rounds and allreduce_reps must be integers >= 1")
+    if FLAGS.rounds < 1 or FLAGS.allreduce_reps < 1 or FLAGS.starts < 1:
+        raise LauncherError(f"rounds={FLAGS.rounds}, allreduce_reps={FLAGS.allreduce_reps}, starts={FLAGS.starts}: "
+                            "allowed: integers >= 1")
     if not FLAGS.allreduce_timeout_s > 0:
         raise LauncherError(f"allreduce_timeout_s={FLAGS.allreduce_timeout_s} is not allowed; "
                             "allowed: a number > 0")
@@ -164,7 +168,7 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
     if not train:
         raise LauncherError("every step timing is held out; allowed: hold out fewer batches/models")
     base = cfg["base"]
-    compute = calibrate.fit(base, train, fields=FLAGS.fit_fields, tied=_TIED, seed=FLAGS.seed)
+    compute = calibrate.fit(base, train, fields=FLAGS.fit_fields, tied=_TIED, seed=FLAGS.seed, starts=FLAGS.starts)
     machine = compute.machine
     network = None
     if ars:
@@ -191,6 +195,24 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
                   f"mean {100 * np.mean(e):.1f}%, max {100 * np.max(e):.1f}%")
     print("\ncompute figures (fitted on the steps not held out):")
     print(compute.table())
+    models = sorted({s["model"] for s in meas["steps"]})
+    if FLAGS.leave_one_model_out and len(models) > 1:
+        # A second held-out protocol: predict every step of a network the fit has not seen.
+        print("\nleave one model out (fit on the other models' steps at every batch, predict this one's):")
+        errors = []
+        for m in models:
+            out = [t for t, s in zip(timings, meas["steps"]) if s["model"] == m]
+            rest = [t for t, s in zip(timings, meas["steps"]) if s["model"] != m]
+            r = calibrate.fit(base, rest, fields=FLAGS.fit_fields, tied=_TIED, seed=FLAGS.seed, starts=FLAGS.starts)
+            pred, _ = calibrate.predict_timings(r.machine, out)
+            e = np.asarray(pred) / np.asarray([t.measured_s for t in out]) - 1
+            errors += list(np.abs(e))
+            print(f"  {m:10s} " + " ".join(f"{t.label.split()[-1]}:{100 * x:+.1f}%" for t, x in zip(out, e)))
+        e = np.asarray(errors)
+        summary["steps_leave_one_model_out"] = dict(n=int(e.size), median_abs_error=float(np.median(e)),
+                                                    mean_abs_error=float(np.mean(e)), max_abs_error=float(np.max(e)))
+        print(f"steps leave-one-model-out: n={e.size}, median |error| {100 * np.median(e):.1f}%, "
+              f"mean {100 * np.mean(e):.1f}%, max {100 * np.max(e):.1f}%")
     if network is not None:
         summary["network_fit"] = network.summary()
         print("\nall-reduce figures (fitted on all all-reduce timings):")

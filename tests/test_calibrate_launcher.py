@@ -1,0 +1,64 @@
+"""experiments/calibrate.py refitting saved measurements (no timing here): outputs, held-out protocols, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from jaxsprint.perf import calibrate, machines, networks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "calibrate.py")
+
+
+def _measurements(path, scale=1.3):
+    """Steps made by the cpu preset's model with its efficiencies divided by `scale` (so a fit must move them)."""
+    truth = machines.get("cpu")
+    truth = truth.replace(efficiency_fwd=truth.efficiency_fwd / scale, efficiency_bwd_data=truth.efficiency_bwd_data
+                          / scale, efficiency_bwd_weight=truth.efficiency_bwd_weight / scale)
+    tables = {"resnet8": networks.resnet_cifar(1), "resnet20": networks.resnet_cifar(3)}
+    configs = [(m, b) for m in tables for b in (4, 8, 16, 32)]
+    timings = [calibrate.StepTiming(tables[m], b, 1.0, 5.0) for m, b in configs]
+    pred, _ = calibrate.predict_timings(truth, timings)
+    steps = [dict(model=m, batch=b, measured_s=float(t), samples=[float(t)] * 3) for (m, b), t in zip(configs, pred)]
+    with open(path, "w") as fh:
+        json.dump({"measurements": {"steps": steps, "allreduces": []}}, fh)
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
+    meas, out = tmp_path / "m.json", tmp_path / "preset.json"
+    _measurements(meas)
+    r = _run(f"--measurements={meas}", f"--out={out}", "--fit_fields=efficiency_fwd,efficiency_bwd_weight",
+             "--holdout_batches=8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "steps held_out: n=2" in r.stdout and "steps leave-one-model-out: n=8" in r.stdout
+    saved = json.loads(out.read_text())
+    summary = saved["calibration"]
+    # Data made by the model itself: both protocols predict it (nearly) exactly.
+    assert summary["steps_held_out"]["median_abs_error"] < 0.01
+    assert summary["steps_leave_one_model_out"]["median_abs_error"] < 0.01
+    fitted = summary["compute_fit"]["fitted"]
+    np.testing.assert_allclose(fitted["efficiency_fwd"], machines.get("cpu").efficiency_fwd / 1.3, rtol=0.02)
+    preset = calibrate.load_preset(str(out))
+    machine = preset[0] if isinstance(preset, tuple) else preset
+    assert machine.name == "this_machine"
+
+
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
+    meas, out = tmp_path / "m.json", tmp_path / "preset.json"
+    _measurements(meas)
+    for args, env, words in (
+            (["--starts=0"], None, "starts=0"),
+            (["--fit_fields=efficiency_fwd,network_latency_s"], None, "fit_fields='network_latency_s'"),
+            ([], {"JAXSPRINT_HOST_MALLOC": "jemalloc"}, "JAXSPRINT_HOST_MALLOC='jemalloc' is not allowed"),
+            (["--measurements=" + str(tmp_path / "missing.json")], None, "cannot be read")):
+        r = _run(f"--measurements={meas}", f"--out={out}", *args, env=env)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not out.exists()
