@@ -45,8 +45,7 @@ def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
     assert summary["steps_leave_one_model_out"]["median_abs_error"] < 0.01
     fitted = summary["compute_fit"]["fitted"]
     np.testing.assert_allclose(fitted["efficiency_fwd"], machines.get("cpu").efficiency_fwd / 1.3, rtol=0.02)
-    preset = calibrate.load_preset(str(out))
-    machine = preset[0] if isinstance(preset, tuple) else preset
+    machine, _ = calibrate.load_preset(str(out))
     assert machine.name == "this_machine"
 
 
