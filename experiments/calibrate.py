@@ -10,9 +10,9 @@ r"""Calibrate the "this machine" preset: measure train steps and all-reduces, fi
 
 Measures (1) the train step of this project's own CIFAR ResNets (``jaxsprint.train``, momentum
 SGD, the fast convolution and XLA options training uses on one CPU device, host memory retained as
-in ``jaxsprint/hostmem.py``) at several batch sizes, as process CPU time with XLA:CPU's Eigen
-single-threaded (one learner per core, as the ``cpu`` preset models; CPU time is far steadier
-than wall time on a shared machine),
+in ``jaxsprint/hostmem.py``) at several batch sizes, as process CPU time with the process pinned to
+one core and XLA:CPU's Eigen single-threaded (one learner per core, as the ``cpu`` preset models;
+on one core CPU time equals wall time when nothing else runs, and is steadier when something does),
 and (2) all-reduces of several sizes over 2-4 local JAX processes joined by
 ``jax.distributed`` (gloo, localhost ports only, bounded timeouts). It fits the compute
 efficiencies on the steps not held out and ``network_latency_s``, ``network_bandwidth_bytes_per_s``
@@ -71,6 +71,9 @@ flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cac
                   "filter gradient, which the fast convolution replaces), the saturation in batch x "
                   "pixels and the per-layer overhead (see docs/perf-search.md).")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
+flags.DEFINE_bool("one_core", True, "Time the steps with this process pinned to one CPU (one learner per "
+                  "core, as the cpu preset models; without it XLA overlaps independent ops on other cores and "
+                  "CPU time counts that work too).")
 flags.DEFINE_bool("leave_one_model_out", True, "Also refit once per model with that model's steps held "
                   "out and report the errors of predicting them (a network the fit has not seen).")
 flags.DEFINE_integer("starts", 6, "Starting points of each fit (the preset's values and random ones).")
@@ -121,14 +124,21 @@ def check_flags() -> dict[str, Any]:
                 sizes=_ints("allreduce_bytes", FLAGS.allreduce_bytes, 4))
 
 
-def measure(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Step and all-reduce timings of this machine (JSON-ready records)."""
+def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
+    """Step and all-reduce timings of this machine (JSON-ready records).
+
+    ``all_cpus``: the CPUs to give back to this thread (and so to the all-reduce processes it
+    starts) after the steps were timed on one core; None when nothing was pinned.
+    """
     configs = [(m, b) for m in FLAGS.models for b in cfg["batches"]]
     timed = calibrate.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
                                           conv_impl=FLAGS.conv_impl, log=lambda s: print(s, flush=True))
+    if all_cpus is not None:
+        os.sched_setaffinity(0, all_cpus)
     steps = []
     for (model, batch), (t, samples) in zip(configs, timed):
-        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, conv_impl=FLAGS.conv_impl))
+        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, conv_impl=FLAGS.conv_impl,
+                          one_core=all_cpus is not None))
         print(f"step {model} batch {batch}: {1e3 * t:.2f} ms (CPU time)", flush=True)
     allreduces = []
     for r in cfg["ranks"]:
@@ -241,11 +251,16 @@ def main(argv: list[str]) -> None:
             print(hostmem.configure(), flush=True)
         except ValueError as e:
             raise LauncherError(str(e)) from None
+        all_cpus = None
+        if not FLAGS.measurements and FLAGS.one_core and hasattr(os, "sched_setaffinity"):
+            # One learner per core: JAX's threads, started after this, all share the first CPU.
+            all_cpus = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {min(all_cpus)})
         cfg = check_flags()
         if FLAGS.measurements:
             meas = load_measurements(FLAGS.measurements)
         else:
-            meas = measure(cfg)
+            meas = measure(cfg, all_cpus)
             raw = os.path.splitext(FLAGS.out)[0] + "_measurements.json"
             os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
             with open(raw, "w") as fh:  # kept even if the fit fails: refit with --measurements
