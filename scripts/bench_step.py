@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -94,9 +95,11 @@ def worker(rows: list[str], impls: list[str], steps: int, dtype: str) -> list[di
             fwd_s = _time(run_fwd, n_steps)
             run_step()
             run_step()
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             step_s = _time(run_step, n_steps)
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / n_steps
             out.append({"row": row, "impl": impl, "devices": n_dev, "step_s": step_s, "forward_s": fwd_s,
-                        "images_per_s": batch / step_s, "train_flops": flops})
+                        "images_per_s": batch / step_s, "train_flops": flops, "page_faults_per_step": faults})
             print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
 
@@ -213,7 +216,8 @@ def main():
 
         print(f"torch process: {hostmem.configure()}", file=sys.stderr, flush=True)
     torch_ips = torch_rows(rows, args.steps) if args.torch else {}
-    header = ["network:batch", "conv", "devices", "step ms", "fwd ms", "step/fwd", "img/s", "GFLOP/s", "% peak"]
+    header = ["network:batch", "conv", "devices", "step ms", "fwd ms", "step/fwd", "img/s", "GFLOP/s", "% peak",
+              "faults/step"]
     if torch_ips:
         header += ["torch img/s", "vs torch"]
     table = []
@@ -222,7 +226,7 @@ def main():
         gflops = f / x["step_s"] / 1e9 if f else float("nan")
         line = [x["row"], x["impl"], str(x["devices"]), f"{1000 * x['step_s']:.0f}", f"{1000 * x['forward_s']:.0f}",
                 f"{x['step_s'] / x['forward_s']:.2f}", f"{x['images_per_s']:.1f}", f"{gflops:.1f}",
-                f"{100 * gflops / args.peak_gflops:.1f}"]
+                f"{100 * gflops / args.peak_gflops:.1f}", f"{x['page_faults_per_step']:.0f}"]
         if torch_ips:
             t = torch_ips.get(x["row"])
             line += [f"{t:.1f}", f"{x['images_per_s'] / t:.2f}x"]
