@@ -8,7 +8,8 @@ them. Measured on this project's 2-core CPU machine (ResNet-20, batch 128, one C
 0.10.2): about 52,000 minor page faults and 100-120 ms of system time per step, a fifth of the
 step. With every allocation in the main ``sbrk`` heap (one arena, no ``mmap``) and freed memory
 kept (a high trim threshold), the steps after the first reuse the same pages: 0 faults and 2-7 ms
-of system time per step (``scripts/bench_step.py`` reports the step times).
+of system time per step on a quiet machine (the kernel may still reclaim idle heap pages on a busy
+one; ``scripts/bench_step.py`` reports step times and page faults per step).
 
 The settings only take effect for threads that have not allocated yet, so they must be applied
 before the JAX backend starts its thread pools (importing jax is fine, running anything is not):
