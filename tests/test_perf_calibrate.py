@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -120,3 +121,44 @@ def test_fit_input_errors():
         calibrate.fit(m, steps[:2], fields=FIELDS)
     with pytest.raises(calibrate.CalibrationError, match="ranks=1"):
         calibrate.measure_allreduce(1, [1024])
+
+
+def test_small_batch_factor_scales_gemm_passes_exactly_and_is_off_at_zero():
+    """``half_efficiency_batch`` h multiplies every conv/dense pass by 1 + (h / b)^g; 0 changes nothing."""
+    # Memory so fast that every pass is compute-bound, so the factor shows unblended.
+    base = mc.with_figures(mc.get("cpu"), memory_bandwidth_bytes_per_s=1e18, half_efficiency_batch=0.0)
+    net = nw.get("resnet8")
+    g = float(base.efficiency_sharpness)
+    is_gemm = np.isin(np.asarray(net.kind), [nw.KINDS.index(k) for k in ("conv", "dense")])
+    for b in (2.0, 8.0, 64.0):
+        f0, b0 = sprint.layer_times_s(net, base, b)
+        f1, b1 = sprint.layer_times_s(net, mc.with_figures(base, half_efficiency_batch=6.0), b)
+        factor = 1.0 + (6.0 / b) ** g
+        np.testing.assert_allclose(np.asarray(f1)[is_gemm], factor * np.asarray(f0)[is_gemm], rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(b1)[is_gemm], factor * np.asarray(b0)[is_gemm], rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(f1)[~is_gemm], np.asarray(f0)[~is_gemm], rtol=1e-6)
+    # Off: finite gradients (the search's sensitivities differentiate every figure).
+    grad = jax.grad(lambda h: sprint.device_step_time_s(net, mc.with_figures(base, half_efficiency_batch=h), 4.0))(0.0)
+    assert np.isfinite(float(grad)) and float(grad) == 0.0
+
+
+def test_fit_recovers_a_small_batch_factor():
+    true = mc.with_figures(mc.get("cpu"), half_efficiency_batch=3.0, efficiency_fwd=0.6, efficiency_bwd_data=0.6)
+    nets = [nw.get("resnet8"), nw.get("resnet20")]
+    steps = [calibrate.StepTiming(n, b, 1.0, 5.0) for n in nets for b in (2, 4, 8, 16, 64)]
+    ps, _ = calibrate.predict_timings(true, steps)
+    steps = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
+    res = calibrate.fit(mc.get("cpu"), steps, fields=["efficiency_fwd", "half_efficiency_batch"],
+                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=3, num_steps=1500)
+    assert res.fitted["half_efficiency_batch"] == pytest.approx(3.0, rel=0.03)
+    assert res.fitted["efficiency_fwd"] == pytest.approx(0.6, rel=0.03)
+
+
+def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):
+    path = tmp_path / "old.json"
+    calibrate.save_preset(str(path), mc.get("cpu"))
+    data = json.loads(path.read_text())
+    del data["figures"]["half_efficiency_batch"]
+    path.write_text(json.dumps(data))
+    machine, _ = calibrate.load_preset(str(path))
+    assert float(machine.half_efficiency_batch) == 0.0

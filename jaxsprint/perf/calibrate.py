@@ -199,13 +199,16 @@ class FitResult:
 
 
 def default_bounds(machine: Machine, fields: Iterable[str]) -> dict[str, tuple[float, float]]:
-    """Bounds of :func:`fit`: ``(1e-3, 1)`` for efficiencies, ``value / 1e3 .. value * 1e3`` else
-    (``1e-7 .. 1e-1`` s for overheads that are zero)."""
+    """Bounds of :func:`fit`: ``(1e-3, 1)`` for efficiencies, ``0.1 .. 1000`` samples for
+    ``half_efficiency_batch``, ``value / 1e3 .. value * 1e3`` else (``1e-7 .. 1e-1`` s for overheads
+    that are zero)."""
     out = {}
     for f in fields:
         v = float(getattr(machine, f))
         if f in _UNIT_FIELDS:
             out[f] = (1e-3, 1.0)
+        elif f == "half_efficiency_batch":  # off (0) in the presets: samples per step
+            out[f] = (0.1, 1e3)
         elif v > 0:
             out[f] = (v / 1e3, v * 1e3)
         else:
@@ -563,9 +566,11 @@ def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
         raise CalibrationError(f"machine_file={path!r} is not a machine preset; allowed: a JSON "
                                f"object with format={PRESET_FORMAT!r}")
     try:
+        figures = dict(data["figures"])
+        figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
         m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
                                   {str(k): str(v) for k, v in data.get("sources", {}).items()},
-                                  **data["figures"])
+                                  **figures)
     except machines.MachineError as e:
         raise CalibrationError(f"machine_file={path!r}: {e}") from None
     except (KeyError, TypeError):

@@ -58,6 +58,10 @@ class Machine:
         ``s(x) = x / (x + half)``: efficiency grows with the batch and saturates.
       half_efficiency_cols: The same for GEMM columns (output channels).
       half_efficiency_depth: The same for the GEMM reduction depth (``k^2`` input channels).
+      half_efficiency_batch: The same for the sub-batch itself, ``1 / s(b) = 1 + (half / b)^g``
+        (CPU convolution kernels block the batch dimension and run small batches far below their
+        saturated speed whatever the image size). 0 switches the factor off (the presets'
+        default; ``experiments/calibrate.py`` fits it).
       efficiency_sharpness: Exponent ``g`` of the saturation, ``s(x) = x^g / (x^g + half^g)``
         (1: the plain hyperbolic form; larger: a sharper knee, e.g. SIMD width on CPUs).
       cache_bytes: Size of the last-level cache a layer's working set should fit in.
@@ -97,6 +101,7 @@ class Machine:
     half_efficiency_rows: jax.Array
     half_efficiency_cols: jax.Array
     half_efficiency_depth: jax.Array
+    half_efficiency_batch: jax.Array
     efficiency_sharpness: jax.Array
     cache_bytes: jax.Array
     cache_miss_slowdown: jax.Array
@@ -118,7 +123,7 @@ _FIELDS = [f for f in Machine.__dataclass_fields__ if f not in ("name", "descrip
 # Assumed efficiency terms for GPUs running cuDNN-era fp32 training (no public per-layer data).
 _GPU_EFFICIENCY = dict(
     efficiency_fwd=0.6, efficiency_bwd_data=0.55, efficiency_bwd_weight=0.5,
-    half_efficiency_rows=512.0, half_efficiency_cols=8.0, half_efficiency_depth=8.0,
+    half_efficiency_rows=512.0, half_efficiency_cols=8.0, half_efficiency_depth=8.0, half_efficiency_batch=0.0,
     efficiency_sharpness=1.0, cache_bytes=4e6, cache_miss_slowdown=0.0,
     cache_miss_slowdown_weight_grad=0.0,
     memory_efficiency=0.8, norm_memory_efficiency=0.7,
@@ -135,8 +140,8 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
     """Builds a :class:`Machine` from keyword figures (all fields of the dataclass are required).
 
     Raises:
-      MachineError: a missing, non-finite or non-positive figure (zero allowed for overheads and
-        cache-miss slowdowns).
+      MachineError: a missing, non-finite or non-positive figure (zero allowed for overheads,
+        cache-miss slowdowns and ``half_efficiency_batch``, where it means "off").
     """
     missing = [f for f in _FIELDS if f not in figures]
     if missing:
@@ -144,7 +149,8 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
     for field, value in figures.items():
         if field not in _FIELDS:
             raise MachineError(f"machine field {field!r} is unknown; allowed: {', '.join(_FIELDS)}")
-        allow_zero = field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
+        allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
+                      or field == "half_efficiency_batch")
         v = float(value)
         if not (v == v and abs(v) != float("inf")) or v < 0 or (v == 0 and not allow_zero):
             raise MachineError(f"machine {name!r}: {field}={value!r} must be finite and "
@@ -270,7 +276,7 @@ def _dgx(gpu: str) -> Machine:
 # (single-threaded XLA:CPU, CPU time); held-out median error 6.0% (docs/perf-model.md).
 CPU_CALIBRATION = dict(
     efficiency_fwd=1.0, efficiency_bwd_data=1.0, efficiency_bwd_weight=1.0,
-    half_efficiency_rows=87.68, half_efficiency_cols=7.769, half_efficiency_depth=52.91,
+    half_efficiency_rows=87.68, half_efficiency_cols=7.769, half_efficiency_depth=52.91, half_efficiency_batch=0.0,
     efficiency_sharpness=2.0, cache_bytes=55.92e6, cache_miss_slowdown=0.0,
     cache_miss_slowdown_weight_grad=10.0, memory_efficiency=1.0, norm_memory_efficiency=0.4004,
     maxpool_backward_memory_efficiency=0.9631, per_layer_overhead_s=2e-6, step_overhead_s=2e-5)

@@ -20,7 +20,7 @@ staleness of a gradient read at version ``v`` and applied in the update publishi
     t_l(b) = \mathrm{smax}\Big(\sum_p \frac{b F_{l,p}}{\pi\,e_{l,p}(b)},
              \frac{b A_l + W_l}{\beta_{mem}\,e_{mem}}\Big)
 
-with ``e_p = e_p^max s(rows) s(cols) s(depth)``, ``s(x) = x / (x + x_half)``, the efficiency of
+with ``e_p = e_p^max s(rows) s(cols) s(depth) s(b)``, ``s(x) = x / (x + x_half)``, the efficiency of
 pass ``p`` (forward, input gradient, weight gradient) as a GEMM: it grows with the batch (rows =
 batch x pixels) and the channel counts and saturates; ``pi`` is the peak FLOP/s,
 ``A_l`` activation bytes per sample, ``W_l`` weight bytes, ``smax`` a smooth maximum (the
@@ -142,12 +142,15 @@ def _layer_times(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
     (l_irows, k_irows), (l_icols, k_icols), (l_idepth, k_idepth) = map(
         log_of, (net.in_rows, net.in_cols, net.in_depth))
 
+    hb = m.half_efficiency_batch
+    batch_slow = jnp.where(hb > 0, _slowdown(log_b, True, jnp.maximum(hb, 1e-30), g), 1.0)  # 0: off
+
     def gemm(flops, eff_max, rows, cols, depth, working_set_bytes, cache_slowdown):
         # rows, cols, depth: (log size, known) pairs.
         plain = b * flops / m.peak_flops_per_s
         if matmul is False:
             return plain
-        slow = (_slowdown(*rows, hr, g) * _slowdown(*cols, hc, g) * _slowdown(*depth, hd, g))
+        slow = (_slowdown(*rows, hr, g) * _slowdown(*cols, hc, g) * _slowdown(*depth, hd, g)) * batch_slow
         slow = slow * (1.0 + cache_slowdown * working_set_bytes / (working_set_bytes + m.cache_bytes))
         if matmul is True:
             return plain * slow / eff_max
@@ -171,7 +174,8 @@ def layer_times_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array
     """Forward and backward time of one copy of each row of the network's table.
 
     Matmul-like layers (conv, dense) run each pass as a GEMM at efficiency
-    ``e_p s(rows) s(cols) s(depth)``, ``s(x) = x^g / (x^g + half_x^g)``: forward
+    ``e_p s(rows) s(cols) s(depth) s(b)``, ``s(x) = x^g / (x^g + half_x^g)`` (``s(b)``: the
+    sub-batch itself, 1 when ``half_efficiency_batch`` is 0): forward
     ``[b H_out W_out x k^2 C_in] x [k^2 C_in x C_out]``, input gradient
     ``[b H_in W_in x k^2 C_out] x [k^2 C_out x C_in]``, weight gradient
     ``[k^2 C_in x b H_out W_out] x [b H_out W_out x C_out]``. The time of a pass is the smooth
