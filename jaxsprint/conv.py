@@ -35,9 +35,10 @@ Which library runs the convolutions matters as much. By default XLA:CPU hands th
 which runs each on one thread; with a single JAX device that leaves a core idle. Jitted with
 :func:`compiler_options` (``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE``:
 YNNPACK for reductions only), the convolutions go to XLA's Eigen kernels, which use every core;
-measured on 2 cores, a ResNet-20 train step at batch 128 takes 8-15 % less time that way and the
-forward pass about 25 % less. With several (fake) CPU devices the devices already run concurrently
-and YNNPACK is as fast, so the options are None there. ``batch_split=2`` (two batch halves XLA can
+measured on 2 cores (several runs, noisy), a ResNet-20 train step at batch 128 takes 2-13 % less
+time that way than with YNNPACK and two batch halves, the forward pass about 25 % less, and a
+ResNet-50 step at batch 32 (224x224) 15 % less. With several (fake) CPU devices the devices already
+run concurrently and YNNPACK was as fast or faster, so the options are None there. ``batch_split=2`` (two batch halves XLA can
 run at once) was the earlier lever for the idle core; it is kept as an option.
 
 Not supported on the fast path: forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``,
