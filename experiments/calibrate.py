@@ -247,10 +247,8 @@ def main(argv: list[str]) -> None:
         print(f"error: unexpected arguments {argv[1:]}; all options are --flags", file=sys.stderr)
         sys.exit(2)
     try:
-        try:  # before JAX starts its threads (see jaxsprint/hostmem.py); the steps run on one device
-            print(hostmem.configure(), flush=True)
-        except ValueError as e:
-            raise LauncherError(str(e)) from None
+        # Before JAX starts its threads (see jaxsprint/hostmem.py); the steps run on one device.
+        print(hostmem.configure(), flush=True)
         all_cpus = None
         if not FLAGS.measurements and FLAGS.one_core and hasattr(os, "sched_setaffinity"):
             # One learner per core: JAX's threads, started after this, all share the first CPU.

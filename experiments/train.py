@@ -31,10 +31,7 @@ def main(argv):
     try:
         from jaxsprint import hostmem, parallel, train
 
-        try:  # before JAX starts its threads (see jaxsprint/hostmem.py)
-            allocator = hostmem.configure()
-        except ValueError as e:
-            raise JaxsprintError(str(e)) from None
+        allocator = hostmem.configure()  # before JAX starts its threads (see jaxsprint/hostmem.py)
 
         if quiet:  # libraries (orbax) log every save at INFO; set after their imports, which reset it
             logging.set_verbosity(logging.WARNING)

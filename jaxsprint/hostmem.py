@@ -31,7 +31,9 @@ import os
 import re
 import sys
 
-__all__ = ["MODES", "configure", "retain_freed_memory", "single_cpu_device_expected"]
+from jaxsprint.errors import JaxsprintError
+
+__all__ = ["MODES", "HostMemError", "configure", "retain_freed_memory", "single_cpu_device_expected"]
 
 MODES = ("auto", "retain", "system")
 ENV_VAR = "JAXSPRINT_HOST_MALLOC"
@@ -41,6 +43,10 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _TRIM_THRESHOLD_BYTES = 2**31 - 1  # the largest value mallopt's int takes
+
+class HostMemError(JaxsprintError, ValueError):
+    """An unknown allocator mode (the message names the variable and the allowed values)."""
+
 
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin",
                         "libtpu")
@@ -98,13 +104,14 @@ def configure(mode: str | None = None) -> str:
       mode: "auto", "retain" or "system"; None reads ``JAXSPRINT_HOST_MALLOC`` (default "auto").
 
     Raises:
-      ValueError: an unknown mode (the message names the variable and the allowed values).
+      HostMemError: an unknown mode (the message names the variable and the allowed values); a
+        ``JaxsprintError``, so the launchers report it in one line with exit status 2.
     """
     source = "mode"
     if mode is None:
         mode, source = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto", ENV_VAR
     if mode not in MODES:
-        raise ValueError(f"{source}={mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        raise HostMemError(f"{source}={mode!r} is not allowed; allowed: {', '.join(MODES)}")
     if mode == "system":
         return "host allocator: system defaults"
     if mode == "auto" and not single_cpu_device_expected():
