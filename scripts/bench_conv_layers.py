@@ -1,101 +1,172 @@
-"""Scratch benchmark: per-layer forward / input-gradient / filter-gradient times, xla vs fast conv.
+"""Per-layer convolution times of ResNet-20 at batch 128: forward, input gradient, filter gradient.
 
-Each layer is timed as it sits in a ResNet: its input comes out of an elementwise chain
-(x = relu(p * scale + shift + r), as BatchNorm + residual + ReLU leave it) and the cotangent goes
-back through that chain, because that is where XLA's own filter gradient loses its time (the
-transposes it needs get fused with the chain). Timing rounds interleave the two implementations.
+Shows where a CPU train step loses to PyTorch: each ResNet-20 convolution shape is timed alone, in JAX
+(``xla``: ``lax.conv_general_dilated`` and its own gradient; ``fast``: jaxsprint.conv, jitted with the
+options the trainer uses on this device count) and, with --torch, in PyTorch eager (oneDNN, NCHW).
 
-Usage: python scripts/bench_conv_layers.py [--batch 128] [--rounds 5]
+Each pass is timed as the median of ``--reps`` calls, ``--rounds`` rounds interleaved over the
+implementations (load from other processes hits them alike); the table shows the median over rounds.
+Columns, in ms per call:
+  fwd        the convolution;
+  dx, dw     the input / filter gradient alone. JAX: a jitted VJP returning only that gradient (XLA drops
+             the unused forward). PyTorch: (forward + that gradient) - forward, as autograd needs the forward;
+  total      fwd + dx + dw (JAX: fwd + one VJP returning both; PyTorch: one forward + backward call).
+The "x layers" column is how many convolutions of that shape ResNet-20 has, and the last line sums
+count x total over the layers, i.e. the convolution time of one train step.
+
+  .venv/bin/python scripts/bench_conv_layers.py [--impls=xla,fast] [--torch] [--batch=128] [--rounds=5]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxsprint import conv as jconv  # noqa: E402
-
-DN = ("NHWC", "HWIO", "NHWC")
-# ResNet-20 layer shapes: (H, C_in, C_out, kernel, stride, padding).
+# ResNet-20 (CIFAR) convolutions: (H_in, C_in, C_out, kernel, stride, count in the network).
 LAYERS = [
-    (32, 16, 16, 3, 1, ((1, 1), (1, 1))),
-    (32, 16, 32, 3, 2, ((1, 1), (1, 1))),
-    (32, 16, 32, 1, 2, ((0, 0), (0, 0))),
-    (16, 32, 32, 3, 1, ((1, 1), (1, 1))),
-    (16, 32, 64, 3, 2, ((1, 1), (1, 1))),
-    (16, 32, 64, 1, 2, ((0, 0), (0, 0))),
-    (8, 64, 64, 3, 1, ((1, 1), (1, 1))),
+    (32, 3, 16, 3, 1, 1),
+    (32, 16, 16, 3, 1, 6),
+    (32, 16, 32, 3, 2, 1),
+    (32, 16, 32, 1, 2, 1),
+    (16, 32, 32, 3, 1, 5),
+    (16, 32, 64, 3, 2, 1),
+    (16, 32, 64, 1, 2, 1),
+    (8, 64, 64, 3, 1, 5),
 ]
 
 
-def timeit(f, args, reps):
-    jax.block_until_ready(f(*args))
-    ts = []
+def _median_call(fn, reps: int) -> float:
+    times = []
     for _ in range(reps):
         t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
-def make_fns(conv_fn, s, pad):
-    def layer(p, sc, sh, r, w):
-        x = jax.nn.relu(p * sc + sh + r)
-        return conv_fn(x, w, (s, s), pad, dimension_numbers=DN)
+def jax_passes(impl: str, n: int, h: int, ci: int, co: int, k: int, s: int):
+    """Callables for fwd, dx, dw and dx+dw of one layer in JAX (the VJPs do not run the forward)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
 
-    fwd = jax.jit(layer)
+    from jaxsprint import conv as jconv
 
-    def grads(p, sc, sh, r, w, dy, argnums):
-        _, vjp = jax.vjp(lambda *a: layer(*a), p, sc, sh, r, w)
-        g = vjp(dy)
-        return tuple(g[i] for i in argnums)
+    fn = lax.conv_general_dilated if impl == "xla" else jconv.make_conv("fast")
+    opts = jconv.compiler_options("xla" if impl == "xla" else "fast")
+    pad = ((k // 2, k // 2), (k // 2, k // 2))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((n, h, h, ci), np.float32))
+    w = jnp.asarray(rng.standard_normal((k, k, ci, co), np.float32) * 0.1)
+    ho = (h + 2 * (k // 2) - k) // s + 1
+    dy = jnp.asarray(rng.standard_normal((n, ho, ho, co), np.float32))
 
-    bwd = jax.jit(lambda *a: grads(*a, argnums=(0, 4)))   # input chain + filter gradients
-    dw = jax.jit(lambda *a: grads(*a, argnums=(4,)))       # filter gradient only
-    dx = jax.jit(lambda *a: grads(*a, argnums=(0,)))       # input gradient only
-    return fwd, bwd, dx, dw
+    def conv(a, b):
+        return fn(a, b, (s, s), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def grads(argnums):
+        def f(a, b, g):
+            _, vjp = jax.vjp(conv, a, b)
+            out = vjp(g)
+            return tuple(out[i] for i in argnums)
+        return jax.jit(f, compiler_options=opts)
+
+    fwd = jax.jit(conv, compiler_options=opts)
+    calls = {"fwd": lambda: fwd(x, w)}
+    for name, argnums in (("dx", (0,)), ("dw", (1,)), ("dx+dw", (0, 1))):
+        calls[name] = (lambda f: lambda: f(x, w, dy))(grads(argnums))
+    out = {}
+    for name, c in calls.items():
+        out[name] = (lambda c: lambda: jax.block_until_ready(c()))(c)
+        out[name]()  # compile and warm up
+    return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=3)
-    a = ap.parse_args()
-    n = a.batch
-    print(f"# batch {n}, median of {a.rounds} interleaved rounds x {a.reps} calls, ms; load {os.getloadavg()[0]:.1f}")
-    print(f"{'layer':26s} | {'fwd xla':>7s} {'fast':>6s} | {'dx xla':>6s} {'fast':>6s} | {'dw xla':>6s} {'fast':>6s}"
-          f" | {'dx+dw xla':>9s} {'fast':>6s}")
-    for h, ci, co, k, s, pad in LAYERS:
-        rng = np.random.default_rng(0)
-        p = jnp.asarray(rng.standard_normal((n, h, h, ci), np.float32))
-        r = jnp.asarray(rng.standard_normal((n, h, h, ci), np.float32))
-        sc = jnp.asarray(rng.standard_normal((ci,), np.float32))
-        sh = jnp.asarray(rng.standard_normal((ci,), np.float32))
-        w = jnp.asarray(rng.standard_normal((k, k, ci, co), np.float32))
-        ho = (h + pad[0][0] + pad[0][1] - k) // s + 1
-        dy = jnp.asarray(rng.standard_normal((n, ho, ho, co), np.float32))
-        impls = {"xla": make_fns(lax.conv_general_dilated, s, pad),
-                 "fast": make_fns(jconv.conv_general_dilated, s, pad)}
-        res = {name: {"fwd": [], "dx": [], "dw": [], "bwd": []} for name in impls}
-        for _ in range(a.rounds):
-            for name, (fwd, bwd, dx, dw) in impls.items():
-                res[name]["fwd"].append(timeit(fwd, (p, sc, sh, r, w), a.reps))
-                res[name]["dx"].append(timeit(dx, (p, sc, sh, r, w, dy), a.reps))
-                res[name]["dw"].append(timeit(dw, (p, sc, sh, r, w, dy), a.reps))
-                res[name]["bwd"].append(timeit(bwd, (p, sc, sh, r, w, dy), a.reps))
-        m = {name: {kk: np.median(v) * 1e3 for kk, v in d.items()} for name, d in res.items()}
+def torch_passes(n: int, h: int, ci: int, co: int, k: int, s: int):
+    """fwd, fwd+dx, fwd+dw and fwd+dx+dw of one layer in PyTorch eager (NCHW, its default)."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(n, ci, h, h, requires_grad=True)
+    conv = torch.nn.Conv2d(ci, co, k, s, k // 2, bias=False)
+    dy = torch.randn_like(conv(x))
+
+    def fwd():
+        with torch.no_grad():
+            conv(x)
+
+    def grad(wrt):
+        return lambda: torch.autograd.grad(conv(x), wrt, dy)
+
+    out = {"fwd": fwd, "fwd+dx": grad((x,)), "fwd+dw": grad((conv.weight,)),
+           "fwd+dx+dw": grad((x, conv.weight))}
+    for f in out.values():
+        f()
+        f()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impls", default="xla,fast", help="JAX implementations: xla, fast")
+    p.add_argument("--torch", action="store_true", help="also time PyTorch eager (needs torch installed)")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args()
+    impls = [i for i in args.impls.split(",") if i]
+    for i in impls:
+        if i not in ("xla", "fast"):
+            p.error(f"invalid --impls entry {i!r}: allowed xla, fast")
+    if args.batch < 1 or args.rounds < 1 or args.reps < 1:
+        p.error("--batch, --rounds and --reps must be positive")
+
+    from jaxsprint import hostmem
+
+    print(f"# {hostmem.configure()}", flush=True)  # the trainer's allocator policy, before JAX starts
+    import jax
+
+    if args.torch:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+    names = impls + (["torch"] if args.torch else [])
+    print(f"# batch {args.batch}; {jax.device_count()} JAX device(s); median over {args.rounds} interleaved "
+          f"rounds of the median of {args.reps} calls; ms per call")
+    cols = ["fwd", "dx", "dw", "total"]
+    header = f"{'layer (HxW Cin->Cout kxk s)':28s} {'x':>2s} | " + " | ".join(
+        f"{nm:>5s} " + " ".join(f"{c:>6s}" for c in cols) for nm in names)
+    print(header)
+    print("-" * len(header))
+    step_total = {nm: 0.0 for nm in names}
+    for h, ci, co, k, s, count in LAYERS:
+        fns = {nm: (torch_passes(args.batch, h, ci, co, k, s) if nm == "torch"
+                    else jax_passes(nm, args.batch, h, ci, co, k, s)) for nm in names}
+        res = {nm: {c: [] for c in fns[nm]} for nm in names}
+        for _ in range(args.rounds):
+            for nm in names:
+                for c, f in fns[nm].items():
+                    res[nm][c].append(_median_call(f, args.reps))
+        cells = []
+        for nm in names:
+            m = {c: 1e3 * statistics.median(v) for c, v in res[nm].items()}
+            if nm == "torch":
+                row = {"fwd": m["fwd"], "dx": m["fwd+dx"] - m["fwd"], "dw": m["fwd+dw"] - m["fwd"],
+                       "total": m["fwd+dx+dw"]}
+            else:
+                row = {"fwd": m["fwd"], "dx": m["dx"], "dw": m["dw"], "total": m["fwd"] + m["dx+dw"]}
+            step_total[nm] += count * row["total"]
+            cells.append(f"{'':5s} " + " ".join(f"{row[c]:6.2f}" for c in cols))
         label = f"{h}x{h} {ci}->{co} {k}x{k} s{s}"
-        print(f"{label:26s} | {m['xla']['fwd']:7.2f} {m['fast']['fwd']:6.2f} | {m['xla']['dx']:6.2f} "
-              f"{m['fast']['dx']:6.2f} | {m['xla']['dw']:6.2f} {m['fast']['dw']:6.2f} | {m['xla']['bwd']:9.2f} "
-              f"{m['fast']['bwd']:6.2f}", flush=True)
+        print(f"{label:28s} {count:2d} | " + " | ".join(cells), flush=True)
+    print(f"{'sum of count x total':28s} {'':2s} | " + " | ".join(
+        f"{'':5s} {'':6s} {'':6s} {'':6s} {step_total[nm]:6.1f}" for nm in names))
 
 
 if __name__ == "__main__":
