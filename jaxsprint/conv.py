@@ -61,6 +61,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxsprint import native
+
 __all__ = ["ConvFn", "KINDS", "compiler_options", "conv_general_dilated", "fast_path_supported", "make_conv"]
 
 ConvFn = Callable[..., jax.Array]
@@ -142,11 +144,19 @@ def _fast_conv_fwd(x, w, strides, pads, precision):
     return _lax_conv(x, w, strides, pads, precision), (x, w)
 
 
+def _use_native(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
+    """Whether the filter gradient goes to the native CPU kernel (jaxsprint.native)."""
+    return (jax.default_backend() == "cpu" and x.dtype == w.dtype == dy.dtype
+            and native.supported(x.shape, dy.shape, x.dtype, w.shape[:2]) and native.available())
+
+
 def _fast_conv_bwd(strides, pads, precision, res, dy):
     x, w = res
     _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
     (dx,) = vjp_x(dy)
-    if w.shape[0] == w.shape[1] == 1:
+    if _use_native(x, w, dy):
+        dw = native.filter_grad(x, dy, w.shape[:2], strides, pads)
+    elif w.shape[0] == w.shape[1] == 1:
         dw = _filter_grad_1x1(x, w, dy, strides, pads, precision)
     else:
         dw = _filter_grad_conv(x, w, dy, strides, pads, precision)

@@ -327,3 +327,115 @@ def test_single_device_compiler_options_keep_gradients():
     assert out["opts"] == jconv.SINGLE_CPU_DEVICE_OPTIONS
     assert out["value_err"] < 1e-5 and out["grad_err"] < 1e-5, out
     assert out["ref_conv_in_ynn"] and not out["opt_conv_in_ynn"], out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The native filter-gradient kernel (jaxsprint.native): float32, output channels a multiple of 16.
+
+from jaxsprint import native  # noqa: E402
+
+# Odd input channels exercise the kernel's channel-block tails; K = 16/32/48/64/128 each of its lane blocks.
+NATIVE_CASES = [
+    (4, 9, 7, 5, 16, 3, 1, "SAME"),
+    (4, 9, 7, 13, 16, 3, 2, "SAME"),
+    (4, 10, 8, 16, 32, 3, 2, "SAME"),
+    (4, 9, 7, 5, 48, 3, 1, "VALID"),
+    (4, 9, 7, 13, 64, 3, 2, "VALID"),
+    (2, 9, 11, 3, 16, 3, 2, ((0, 1), (2, 0))),
+    (4, 8, 8, 32, 32, 3, 1, ((1, 1), (1, 1))),
+    (4, 9, 7, 5, 16, 1, 1, "SAME"),
+    (4, 8, 8, 16, 32, 1, 2, "VALID"),
+    (2, 6, 6, 64, 128, 3, 1, "SAME"),
+    (2, 15, 13, 3, 16, 7, 2, ((3, 3), (3, 3))),
+    (2, 11, 9, 3, 16, 7, 1, "VALID"),
+]
+
+
+def test_native_kernel_builds_where_a_compiler_exists():
+    import shutil
+
+    if shutil.which("g++") is None and not __import__("os").environ.get("CXX"):
+        pytest.skip("no C++ compiler on this machine: the XLA filter gradient is used instead")
+    assert native.available(), native.unavailable_reason()
+
+
+def test_native_filter_grad_equals_lax():
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    for case in NATIVE_CASES:
+        n, h, wd, c, k, ks, s, padding = case
+        x, w, dy = _inputs(n, h, wd, c, k, ks, ks, (s, s), padding, jnp.float32)
+        assert native.supported(x.shape, dy.shape, x.dtype, (ks, ks))
+
+    results = _group_results(NATIVE_CASES, jnp.float32, jnp.float32)
+    for case, (fast, ref) in zip(NATIVE_CASES, results):
+        for name, g, r in zip(("y", "dx", "dw"), fast, ref):
+            try:
+                _assert_close(g, r, rtol=1e-5)
+            except AssertionError as e:
+                raise AssertionError(f"{case} {name}") from e
+
+
+def test_native_path_is_taken_only_where_supported():
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+
+    def hlo(dtype, k):
+        x, w, dy = _inputs(2, 8, 8, 4, k, 3, 3, (1, 1), "SAME", dtype)
+        f = jax.jit(lambda x, w: jax.grad(lambda b: jnp.sum(
+            jconv.conv_general_dilated(x, b, (1, 1), "SAME", dimension_numbers=DN) * dy))(w))
+        return f.lower(x, w).as_text()
+
+    assert "jaxsprint_conv_filter_grad_f32" in hlo(jnp.float32, 16)
+    assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
+    assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.bfloat16, 16)  # float32 only
+    assert not native.supported((2, 8, 8, 4), (2, 8, 8, 16), jnp.float16, (3, 3))
+    assert not native.supported((2, 8, 8, 4), (3, 8, 8, 16), jnp.float32, (3, 3))  # batch mismatch
+
+
+def test_native_filter_grad_batch_sharded_is_summed_not_gathered():
+    """With the batch sharded over the fake devices, each device reduces its own examples, then a psum."""
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs several devices")
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    mesh = jax.sharding.Mesh(np.array(devices), ("b",))
+    strides, padding = (2, 2), ((1, 1), (1, 1))
+    x, w, dy = _inputs(2 * len(devices), 8, 8, 5, 16, 3, 3, strides, padding, jnp.float32)
+    ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
+    xs = jax.device_put(x, NamedSharding(mesh, P("b")))
+    dys = jax.device_put(dy, NamedSharding(mesh, P("b")))
+    got = _value_and_grads(jconv.conv_general_dilated, xs, w, dys, strides, padding)
+    for g, r in zip(got, ref):
+        _assert_close(g, r, rtol=1e-5)
+
+    def dw(x, dy):
+        return native.filter_grad(x, dy, (3, 3), strides, padding)
+
+    compiled = jax.jit(dw, out_shardings=NamedSharding(mesh, P())).lower(xs, dys).compile().as_text()
+    assert "all-gather" not in compiled and "all-reduce" in compiled
+    _assert_close(jax.jit(dw)(xs, dys), ref[2], rtol=1e-5)
+
+
+def test_native_off_switch(tmp_path):
+    """JAXSPRINT_NATIVE=off: nothing is built or used, and the XLA path gives the same gradients."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from jaxsprint import conv, native\n"
+        "assert not native.available() and 'JAXSPRINT_NATIVE' in native.unavailable_reason()\n"
+        "x = jnp.ones((2, 6, 6, 3)); w = jnp.ones((3, 3, 3, 16))\n"
+        "g = jax.grad(lambda b: jnp.sum(conv.conv_general_dilated(x, b, (1, 1), 'SAME',\n"
+        "    dimension_numbers=('NHWC', 'HWIO', 'NHWC'))))(w)\n"
+        "assert float(g[1, 1, 0, 0]) == 72.0, g[1, 1, 0, 0]\n"
+        "print('ok')\n")
+    env = dict(os.environ, JAXSPRINT_NATIVE="off", JAXSPRINT_NATIVE_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
