@@ -135,13 +135,43 @@ def _filter_grad_conv(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[
     return jnp.transpose(g, (1, 2, 0, 3)).astype(w.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _fast_conv(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, precision: Any) -> jax.Array:
+def _native_forward_ok(x: jax.Array, w: jax.Array) -> bool:
+    """Whether the forward convolution goes to the native CPU kernel.
+
+    Only where it measured faster than XLA's Eigen convolution on this project's CPU: 16 output channels
+    from at most 16 input channels (ResNet stems and first stages; ``scripts/bench_conv_layers.py``).
+    """
+    return (jax.default_backend() == "cpu" and x.dtype == w.dtype and w.shape[-1] == 16 and x.shape[-1] <= 16
+            and native.conv_supported(x.shape, w.shape, x.dtype) and native.available())
+
+
+def _forward(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, precision: Any) -> jax.Array:
+    if _native_forward_ok(x, w):
+        out_hw = tuple((x.shape[1 + d] + pads[d][0] + pads[d][1] - w.shape[d]) // strides[d] + 1 for d in (0, 1))
+        return native.conv(x, w, out_hw, strides, (pads[0][0], pads[1][0]))
     return _lax_conv(x, w, strides, pads, precision)
 
 
+def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, int], pads: Pads,
+                precision: Any) -> jax.Array:
+    """dx. With stride 1 it is a stride-1 convolution of dy with the flipped, transposed kernel
+    (low padding k - 1 - p), which the native kernel runs where it is faster; else XLA's own."""
+    kh, kw = w.shape[:2]
+    if strides == (1, 1):
+        wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))
+        if _native_forward_ok(dy, wt):
+            return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]))
+    _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
+    return vjp_x(dy)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _fast_conv(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, precision: Any) -> jax.Array:
+    return _forward(x, w, strides, pads, precision)
+
+
 def _fast_conv_fwd(x, w, strides, pads, precision):
-    return _lax_conv(x, w, strides, pads, precision), (x, w)
+    return _forward(x, w, strides, pads, precision), (x, w)
 
 
 def _use_native(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
@@ -152,8 +182,7 @@ def _use_native(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
 
 def _fast_conv_bwd(strides, pads, precision, res, dy):
     x, w = res
-    _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
-    (dx,) = vjp_x(dy)
+    dx = _input_grad(x, w, dy, strides, pads, precision)
     if _use_native(x, w, dy):
         dw = native.filter_grad(x, dy, w.shape[:2], strides, pads)
     elif w.shape[0] == w.shape[1] == 1:

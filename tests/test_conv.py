@@ -348,6 +348,13 @@ NATIVE_CASES = [
     (2, 6, 6, 64, 128, 3, 1, "SAME"),
     (2, 15, 13, 3, 16, 7, 2, ((3, 3), (3, 3))),
     (2, 11, 9, 3, 16, 7, 1, "VALID"),
+    # 16 -> 16 at stride 1: the native kernel also runs the forward and the input gradient.
+    (4, 9, 7, 16, 16, 3, 1, "SAME"),
+    (2, 9, 11, 16, 16, 3, 1, ((0, 1), (2, 0))),
+    (4, 8, 8, 16, 16, 3, 1, "VALID"),
+    (2, 11, 9, 16, 16, 7, 1, ((3, 3), (3, 3))),
+    (4, 7, 9, 16, 16, 1, 1, "SAME"),
+    (3, 30, 33, 16, 16, 3, 1, "SAME"),
 ]
 
 
@@ -382,11 +389,13 @@ def test_native_path_is_taken_only_where_supported():
 
     def hlo(dtype, k):
         x, w, dy = _inputs(2, 8, 8, 4, k, 3, 3, (1, 1), "SAME", dtype)
-        f = jax.jit(lambda x, w: jax.grad(lambda b: jnp.sum(
+        f = jax.jit(lambda x, w: jax.value_and_grad(lambda b: jnp.sum(
             jconv.conv_general_dilated(x, b, (1, 1), "SAME", dimension_numbers=DN) * dy))(w))
         return f.lower(x, w).as_text()
 
     assert "jaxsprint_conv_filter_grad_f32" in hlo(jnp.float32, 16)
+    assert hlo(jnp.float32, 16).count("jaxsprint_conv_f32") == 1          # the forward (C = 4: no native dx)
+    assert "jaxsprint_conv_f32" not in hlo(jnp.float32, 32)               # forward: only K = 16 is native
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.bfloat16, 16)  # float32 only
     assert not native.supported((2, 8, 8, 4), (2, 8, 8, 16), jnp.float16, (3, 3))

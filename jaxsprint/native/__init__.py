@@ -43,11 +43,13 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["available", "filter_grad", "supported", "unavailable_reason"]
+__all__ = ["available", "conv", "conv_supported", "filter_grad", "supported", "unavailable_reason"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_filter_grad.cc")
 _TARGET = "jaxsprint_conv_filter_grad_f32"
 _SYMBOL = "JaxsprintConvFilterGradF32"
+_CONV_TARGET = "jaxsprint_conv_f32"
+_CONV_SYMBOL = "JaxsprintConvF32"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
 _LANES = 16  # the kernel's vector width: output channels must be a multiple of it
 
@@ -116,6 +118,7 @@ def _load() -> bool:
         try:
             lib = ctypes.cdll.LoadLibrary(_build())
             jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
+            jax.ffi.register_ffi_target(_CONV_TARGET, jax.ffi.pycapsule(getattr(lib, _CONV_SYMBOL)), platform="cpu")
             _state.update(ok=True, reason="", lib=lib)
         except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
             _state.update(ok=False, reason=str(e))
@@ -196,3 +199,54 @@ def filter_grad(x: jax.Array, dy: jax.Array, kernel_size: tuple[int, int], strid
     formula: with the output size fixed by ``dy``, high padding only decides which zeros are read.
     """
     return _filter_grad(x, dy, tuple(kernel_size), tuple(strides), tuple(tuple(p) for p in pads), _threads())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The forward convolution (also the input gradient of a stride-1 convolution: see jaxsprint.conv).
+
+
+def conv_supported(x_shape, w_shape, dtype) -> bool:
+    """Whether :func:`conv` handles these operands (shapes and dtype only; does not build)."""
+    return (len(x_shape) == 4 and len(w_shape) == 4 and x_shape[-1] == w_shape[2]
+            and jnp.dtype(dtype) == jnp.dtype(jnp.float32) and w_shape[-1] % _LANES == 0)
+
+
+def _conv_call(x, w, out_hw, strides, pads_lo, threads):
+    shape = jax.ShapeDtypeStruct((x.shape[0], *out_hw, w.shape[-1]), jnp.float32)
+    return jax.ffi.ffi_call(_CONV_TARGET, shape)(
+        x, w, sh=np.int64(strides[0]), sw=np.int64(strides[1]), ph=np.int64(pads_lo[0]), pw=np.int64(pads_lo[1]),
+        threads=np.int64(threads))
+
+
+def _conv_infer(out_hw, strides, pads_lo, threads, mesh, arg_shapes, result_shape):
+    return NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+
+
+def _conv_partition(out_hw, strides, pads_lo, threads, mesh, arg_shapes, result_shape):
+    batch = NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+
+    def lower(x, w):
+        return _conv_call(x, w, out_hw, strides, pads_lo, threads)
+
+    return mesh, lower, batch, (batch, NamedSharding(mesh, P()))
+
+
+@functools.partial(custom_partitioning, static_argnums=(2, 3, 4, 5))
+def _conv(x, w, out_hw, strides, pads_lo, threads):
+    return _conv_call(x, w, out_hw, strides, pads_lo, threads)
+
+
+_conv.def_partition(
+    infer_sharding_from_operands=_conv_infer, partition=_conv_partition,
+    sharding_rule="n h w c, p q c k -> n a b k", need_replication_factors=("h", "w", "c", "p", "q", "k", "a", "b"))
+
+
+def conv(x: jax.Array, w: jax.Array, out_hw: tuple[int, int], strides: tuple[int, int],
+         pads_lo: tuple[int, int]) -> jax.Array:
+    """y[n, ho, wo, k] = sum_{i, j, c} x[n, s_h ho + i - p_h, s_w wo + j - p_w, c] w[i, j, c, k], float32.
+
+    NHWC ``x``, HWIO ``w``; ``out_hw`` is the output's (H, W) and ``pads_lo`` the low padding (x reads zero
+    outside its bounds, so the high padding is implied by ``out_hw``). The caller checks :func:`available`
+    and :func:`conv_supported` first.
+    """
+    return _conv(x, w, tuple(out_hw), tuple(strides), tuple(pads_lo), _threads())

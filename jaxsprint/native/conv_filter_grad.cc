@@ -13,6 +13,7 @@
 // SSE, whatever -march=native offers.
 #include <algorithm>
 #include <cstdint>
+#include <climits>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -118,7 +119,113 @@ ffi::Error FilterGradImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy, ffi
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Forward convolution, the same layouts: y[n, ho, wo, k] = sum_{i, j, c} x[n, sh*ho + i - ph, sw*wo + j - pw, c]
+// * w[i, j, c, k]. A block of WB output columns x 16*KV output channels is kept in registers; each (i, j, c)
+// loads one weight row and broadcasts WB input values. A row is covered by blocks of WB columns, the last
+// one shifted left to end at the row's end (it recomputes a few columns rather than running a tail loop).
+// Taps whose columns cross the left or right border read zero there.
+
+template <int KV, int WB>
+inline void ConvBlock(const Geometry& g, const float* x, const float* w, float* y, int64_t n, int64_t ho,
+                      int64_t wo0, int64_t k0) {
+  v16 a[WB][KV];
+  for (int b = 0; b < WB; ++b)
+    for (int v = 0; v < KV; ++v) a[b][v] = v16{};
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const int64_t h = g.sh * ho + i - g.ph;
+    if (h < 0 || h >= g.h) continue;
+    const float* xrow = x + ((n * g.h + h) * g.w) * g.c;
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const float* wrow = w + ((i * g.kw + j) * g.c) * g.k + k0;
+      const int64_t col0 = g.sw * wo0 + j - g.pw;
+      if (col0 >= 0 && col0 + (WB - 1) * g.sw < g.w) {  // every column of the block inside the row
+        const float* xp = xrow + col0 * g.c;
+        for (int64_t c = 0; c < g.c; ++c) {
+          v16 wv[KV];
+          for (int v = 0; v < KV; ++v) std::memcpy(&wv[v], wrow + c * g.k + 16 * v, 64);
+          for (int b = 0; b < WB; ++b) {
+            const float xv = xp[b * g.sw * g.c + c];
+            for (int v = 0; v < KV; ++v) a[b][v] += xv * wv[v];
+          }
+        }
+      } else {  // a border: columns outside [0, W) read zero
+        for (int64_t c = 0; c < g.c; ++c) {
+          v16 wv[KV];
+          for (int v = 0; v < KV; ++v) std::memcpy(&wv[v], wrow + c * g.k + 16 * v, 64);
+          for (int b = 0; b < WB; ++b) {
+            const int64_t col = col0 + b * g.sw;
+            const float xv = (col >= 0 && col < g.w) ? xrow[col * g.c + c] : 0.0f;
+            for (int v = 0; v < KV; ++v) a[b][v] += xv * wv[v];
+          }
+        }
+      }
+    }
+  }
+  float* yp = y + ((n * g.ho + ho) * g.wo + wo0) * g.k + k0;
+  for (int b = 0; b < WB; ++b)
+    for (int v = 0; v < KV; ++v) std::memcpy(yp + b * g.k + 16 * v, &a[b][v], 64);
+}
+
+template <int KV, int WB>
+void ConvRows(const Geometry& g, const float* x, const float* w, float* y, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = r / g.ho, ho = r % g.ho;
+    for (int64_t k0 = 0; k0 < g.k; k0 += 16 * KV) {
+      for (int64_t start = 0; start < g.wo; start += WB) {
+        ConvBlock<KV, WB>(g, x, w, y, n, ho, std::min(start, g.wo - WB), k0);
+      }
+    }
+  }
+}
+
+// The block width with the least work for a row of `wo` columns (ties: the wider), among `options`.
+template <int KV, int W0, int W1, int W2>
+void ConvRowsBest(const Geometry& g, const float* x, const float* w, float* y, int64_t r0, int64_t r1) {
+  auto work = [&](int64_t wb) { return wb > g.wo ? INT64_MAX : (g.wo + wb - 1) / wb * wb; };
+  if (W0 <= g.wo && work(W0) <= work(W1) && work(W0) <= work(W2)) ConvRows<KV, W0>(g, x, w, y, r0, r1);
+  else if (W1 <= g.wo && work(W1) <= work(W2)) ConvRows<KV, W1>(g, x, w, y, r0, r1);
+  else if (W2 <= g.wo) ConvRows<KV, W2>(g, x, w, y, r0, r1);
+  else ConvRows<KV, 1>(g, x, w, y, r0, r1);
+}
+
+ffi::Error ConvImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y,
+                    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t threads) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto yd = y->dimensions();
+  if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4 || xd[0] != yd[0] || wd[2] != xd[3] ||
+      wd[3] != yd[3]) {
+    return ffi::Error::InvalidArgument("conv: x NHWC, w HWIO and y NHWC shapes do not match");
+  }
+  Geometry g{xd[0], xd[1], xd[2], xd[3], yd[1], yd[2], yd[3], wd[0], wd[1], sh, sw, ph, pw};
+  if (g.k % 16 != 0) return ffi::Error::InvalidArgument("conv: output channels % 16 != 0");
+  auto run = [&](int64_t r0, int64_t r1) {
+    if (g.k % 64 == 0) ConvRowsBest<4, 6, 4, 2>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
+    else if (g.k % 32 == 0) ConvRowsBest<2, 12, 8, 4>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
+    else ConvRowsBest<1, 16, 8, 4>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
+  };
+  const int64_t rows = g.n * g.ho;
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, rows));
+  std::vector<std::thread> pool;
+  for (int64_t q = 1; q < t; ++q) pool.emplace_back([&, q] { run(rows * q / t, rows * (q + 1) / t); });
+  run(0, rows / t);
+  for (auto& th : pool) th.join();
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvF32, ConvImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("sh")
+                                  .Attr<int64_t>("sw")
+                                  .Attr<int64_t>("ph")
+                                  .Attr<int64_t>("pw")
+                                  .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvFilterGradF32, FilterGradImpl,
                               ffi::Ffi::Bind()
