@@ -8,10 +8,12 @@
 // "kernel" is dy (a 32x32 window over 128 features for ResNet-20's first stage); its Eigen and
 // YNNPACK kernels reach about half the speed of the forward convolution there. This loop keeps a
 // block of the output in vector registers (16 accumulators of 16 lanes), broadcasts one input value
-// per output row and streams dy once per (row, kernel tap); the batch is split over threads, each
-// with its own accumulator, summed at the end. GCC vector extensions compile it to AVX-512, AVX2 or
+// per output row and streams dy once per (row, kernel tap); the batch is split over XLA's intra-op
+// threads, each part with its own accumulator, summed at the end. GCC vector extensions compile it to AVX-512, AVX2 or
 // SSE, whatever -march=native offers.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cstdint>
 #include <climits>
 #include <cstring>
@@ -29,6 +31,36 @@ typedef float v16 __attribute__((vector_size(64)));
 struct Geometry {
   int64_t n, h, w, c, ho, wo, k, kh, kw, sh, sw, ph, pw;
 };
+
+// Runs work(0), ..., work(chunks - 1) on the calling thread and XLA's intra-op thread pool. Every
+// participant claims chunks from a shared counter, so the caller never waits for a chunk that has not
+// started: a task the pool starts late finds nothing left and returns (no deadlock when every pool
+// thread is itself inside such a call). Pool threads are created once by XLA, so a call costs no thread
+// creation (a new thread touches its whole static TLS: about 900 page faults in a jaxlib process).
+template <typename F>
+void ParallelFor(ffi::ThreadPool& pool, int64_t chunks, F&& work) {
+  if (chunks <= 1) {
+    if (chunks == 1) work(0);
+    return;
+  }
+  struct State {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+  };
+  auto st = std::make_shared<State>();
+  auto drain = [st, chunks, &work] {
+    for (int64_t i = st->next.fetch_add(1); i < chunks; i = st->next.fetch_add(1)) {
+      work(i);
+      st->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t q = 1; q < chunks; ++q) {
+    auto task = drain;
+    pool.Schedule(std::move(task));
+  }
+  drain();
+  while (st->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+}
 
 // Accumulates rows [c0, c0 + CB) x lanes [k0, k0 + 16 * KV) of tap (i, j) over output rows [r0, r1)
 // (r = n * Ho + ho), the accumulators held in registers throughout.
@@ -84,9 +116,9 @@ void Accumulate(const Geometry& g, const float* x, const float* dy, float* acc, 
   }
 }
 
-ffi::Error FilterGradImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy, ffi::ResultBuffer<ffi::F32> dw,
-                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                          int64_t threads) {
+ffi::Error FilterGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy,
+                          ffi::ResultBuffer<ffi::F32> dw, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                          int64_t pw, int64_t threads) {
   auto xd = x.dimensions();
   auto dd = dy.dimensions();
   if (xd.size() != 4 || dd.size() != 4 || xd[0] != dd[0]) {
@@ -95,27 +127,22 @@ ffi::Error FilterGradImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy, ffi
   Geometry g{xd[0], xd[1], xd[2], xd[3], dd[1], dd[2], dd[3], kh, kw, sh, sw, ph, pw};
   if (g.k % 16 != 0) return ffi::Error::InvalidArgument("conv filter grad: output channels % 16 != 0");
   const int64_t out_size = kh * kw * g.c * g.k;
-  auto run = [&](float* acc, int64_t n0, int64_t n1) {
+  float* out = dw->typed_data();
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, g.n));
+  // Chunk q sums examples [n q / t, n (q + 1) / t) into its own accumulator (chunk 0: the output).
+  std::vector<float> partial((t - 1) * out_size);
+  ParallelFor(pool, t, [&](int64_t q) {
+    float* acc = q == 0 ? out : partial.data() + (q - 1) * out_size;
     std::fill(acc, acc + out_size, 0.0f);
+    const int64_t n0 = g.n * q / t, n1 = g.n * (q + 1) / t;
     if (g.k % 64 == 0) Accumulate<4, 6>(g, x.typed_data(), dy.typed_data(), acc, n0, n1);
     else if (g.k % 32 == 0) Accumulate<2, 8>(g, x.typed_data(), dy.typed_data(), acc, n0, n1);
     else Accumulate<1, 16>(g, x.typed_data(), dy.typed_data(), acc, n0, n1);
-  };
-  float* out = dw->typed_data();
-  int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, g.n));
-  if (t == 1) {
-    run(out, 0, g.n);
-    return ffi::Error::Success();
-  }
-  std::vector<std::vector<float>> partial(t - 1, std::vector<float>(out_size));
-  std::vector<std::thread> pool;
-  for (int64_t r = 1; r < t; ++r) {
-    pool.emplace_back([&, r] { run(partial[r - 1].data(), g.n * r / t, g.n * (r + 1) / t); });
-  }
-  run(out, 0, g.n / t);
-  for (auto& th : pool) th.join();
-  for (auto& p : partial)
+  });
+  for (int64_t q = 1; q < t; ++q) {
+    const float* p = partial.data() + (q - 1) * out_size;
     for (int64_t e = 0; e < out_size; ++e) out[e] += p[e];
+  }
   return ffi::Error::Success();
 }
 
@@ -189,8 +216,8 @@ void ConvRowsBest(const Geometry& g, const float* x, const float* w, float* y, i
   else ConvRows<KV, 1>(g, x, w, y, r0, r1);
 }
 
-ffi::Error ConvImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y,
-                    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t threads) {
+ffi::Error ConvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                    ffi::ResultBuffer<ffi::F32> y, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t threads) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
@@ -200,17 +227,14 @@ ffi::Error ConvImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Resul
   }
   Geometry g{xd[0], xd[1], xd[2], xd[3], yd[1], yd[2], yd[3], wd[0], wd[1], sh, sw, ph, pw};
   if (g.k % 16 != 0) return ffi::Error::InvalidArgument("conv: output channels % 16 != 0");
-  auto run = [&](int64_t r0, int64_t r1) {
+  const int64_t rows = g.n * g.ho;
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, rows));
+  ParallelFor(pool, t, [&](int64_t q) {
+    const int64_t r0 = rows * q / t, r1 = rows * (q + 1) / t;
     if (g.k % 64 == 0) ConvRowsBest<4, 6, 4, 2>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
     else if (g.k % 32 == 0) ConvRowsBest<2, 12, 8, 4>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
     else ConvRowsBest<1, 16, 8, 4>(g, x.typed_data(), w.typed_data(), y->typed_data(), r0, r1);
-  };
-  const int64_t rows = g.n * g.ho;
-  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, rows));
-  std::vector<std::thread> pool;
-  for (int64_t q = 1; q < t; ++q) pool.emplace_back([&, q] { run(rows * q / t, rows * (q + 1) / t); });
-  run(0, rows / t);
-  for (auto& th : pool) th.join();
+  });
   return ffi::Error::Success();
 }
 
@@ -218,6 +242,7 @@ ffi::Error ConvImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Resul
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvF32, ConvImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
@@ -229,6 +254,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvF32, ConvImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvFilterGradF32, FilterGradImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
