@@ -383,12 +383,40 @@ def test_native_filter_grad_equals_lax():
                 raise AssertionError(f"{case} {name}") from e
 
 
+def test_native_kernels_equal_lax_directly():
+    """The kernels themselves, on every case (the router in jaxsprint.conv sends only some shapes there)."""
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+
+    def both(data):
+        out = []
+        for (x, w, dy), (*_, s, padding) in zip(data, NATIVE_CASES):
+            pads = lax.padtype_to_pads(x.shape[1:3], w.shape[:2], (s, s), padding) if isinstance(padding, str) \
+                else padding
+            y_ref, vjp = jax.vjp(lambda a, b: lax.conv_general_dilated(a, b, (s, s), pads, dimension_numbers=DN),
+                                 x, w)
+            dw_ref = vjp(dy)[1]
+            dw = native.filter_grad(x, dy, w.shape[:2], (s, s), pads)
+            y = native.conv(x, w, y_ref.shape[1:3], (s, s), (pads[0][0], pads[1][0]))
+            out.append((dw, dw_ref, y, y_ref))
+        return out
+
+    data = [_inputs(n, h, wd, c, k, ks, ks, (s, s), padding, jnp.float32, seed=i)
+            for i, (n, h, wd, c, k, ks, s, padding) in enumerate(NATIVE_CASES)]
+    for case, (dw, dw_ref, y, y_ref) in zip(NATIVE_CASES, jax.jit(both)(data)):
+        try:
+            _assert_close(dw, dw_ref, rtol=1e-5)
+            _assert_close(y, y_ref, rtol=1e-5)
+        except AssertionError as e:
+            raise AssertionError(f"{case}") from e
+
+
 def test_native_path_is_taken_only_where_supported():
     if not native.available():
         pytest.skip(native.unavailable_reason())
 
-    def hlo(dtype, k):
-        x, w, dy = _inputs(2, 8, 8, 4, k, 3, 3, (1, 1), "SAME", dtype)
+    def hlo(dtype, k, n=4, c=4):
+        x, w, dy = _inputs(n, 8, 8, c, k, 3, 3, (1, 1), "SAME", dtype)
         f = jax.jit(lambda x, w: jax.value_and_grad(lambda b: jnp.sum(
             jconv.conv_general_dilated(x, b, (1, 1), "SAME", dimension_numbers=DN) * dy))(w))
         return f.lower(x, w).as_text()
@@ -398,6 +426,8 @@ def test_native_path_is_taken_only_where_supported():
     assert "jaxsprint_conv_f32" not in hlo(jnp.float32, 32)               # forward: only K = 16 is native
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.bfloat16, 16)  # float32 only
+    # A reduction short against the output (2 * 8 * 8 rows for 3 * 3 * 64 * 64 values): XLA's is faster there.
+    assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 64, n=2, c=64)
     assert not native.supported((2, 8, 8, 4), (2, 8, 8, 16), jnp.float16, (3, 3))
     assert not native.supported((2, 8, 8, 4), (3, 8, 8, 16), jnp.float32, (3, 3))  # batch mismatch
 

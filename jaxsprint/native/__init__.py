@@ -130,6 +130,11 @@ def available() -> bool:
     return _load()
 
 
+def _require() -> None:
+    if not _load():
+        raise RuntimeError(f"the native convolution kernels are unavailable: {_state.get('reason', '')}")
+
+
 def unavailable_reason() -> str:
     """Why :func:`available` is False ("" when it is True)."""
     _load()
@@ -195,9 +200,13 @@ def filter_grad(x: jax.Array, dy: jax.Array, kernel_size: tuple[int, int], strid
                 pads: tuple[tuple[int, int], tuple[int, int]]) -> jax.Array:
     """dW of a NHWC/HWIO convolution (see the module docstring), float32 [k_h, k_w, C, K].
 
-    The caller checks :func:`available` and :func:`supported` first. Only the low padding enters the
-    formula: with the output size fixed by ``dy``, high padding only decides which zeros are read.
+    The caller checks :func:`supported` first. Only the low padding enters the formula: with the output size
+    fixed by ``dy``, high padding only decides which zeros are read.
+
+    Raises:
+      RuntimeError: the kernel could not be built or is switched off (the message says why).
     """
+    _require()
     return _filter_grad(x, dy, tuple(kernel_size), tuple(strides), tuple(tuple(p) for p in pads), _threads())
 
 
@@ -246,7 +255,11 @@ def conv(x: jax.Array, w: jax.Array, out_hw: tuple[int, int], strides: tuple[int
     """y[n, ho, wo, k] = sum_{i, j, c} x[n, s_h ho + i - p_h, s_w wo + j - p_w, c] w[i, j, c, k], float32.
 
     NHWC ``x``, HWIO ``w``; ``out_hw`` is the output's (H, W) and ``pads_lo`` the low padding (x reads zero
-    outside its bounds, so the high padding is implied by ``out_hw``). The caller checks :func:`available`
-    and :func:`conv_supported` first.
+    outside its bounds, so the high padding is implied by ``out_hw``). The caller checks :func:`conv_supported`
+    first.
+
+    Raises:
+      RuntimeError: the kernel could not be built or is switched off (the message says why).
     """
+    _require()
     return _conv(x, w, tuple(out_hw), tuple(strides), tuple(pads_lo), _threads())
