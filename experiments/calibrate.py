@@ -65,11 +65,14 @@ flags.DEFINE_list("allreduce_bytes", ["4096", "65536", "1048576", "4194304", "16
 flags.DEFINE_integer("allreduce_reps", 10, "All-reduces timed per size and round.")
 flags.DEFINE_float("allreduce_timeout_s", 120.0, "Stop the all-reduce processes after this long.")
 flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cache_miss_slowdown_weight_grad",
-                                "half_efficiency_rows", "half_efficiency_batch", "per_layer_overhead_s"],
+                                "half_efficiency_rows", "half_efficiency_batch", "per_layer_overhead_s",
+                                "half_efficiency_depth", "norm_memory_efficiency"],
                   "Compute figures fitted to the step timings: by default the two pass efficiencies, "
                   "the weight-gradient cache slowdown (the --base preset's was fitted to XLA's own "
                   "filter gradient, which the fast convolution replaces), the saturation in batch x "
-                  "pixels and in the batch itself, and the per-layer overhead (see docs/perf-search.md).")
+                  "pixels, in the batch itself and in the reduction depth, the per-layer overhead and "
+                  "the BatchNorm memory efficiency (the last two since the native CPU kernels: their "
+                  "shallow stem and their BatchNorm share differ from XLA's; see docs/perf-search.md).")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
 flags.DEFINE_bool("one_core", True, "Time the steps with this process pinned to one CPU (one learner per "
                   "core, as the cpu preset models; without it XLA overlaps independent ops on other cores and "

@@ -44,6 +44,15 @@ def _assert_close(got, ref, rtol):
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale)
 
 
+def _assert_case_close(case, named, rtol=1e-5):
+    """`named`: (name, got, ref) triples of one case; the failure names the case and the output."""
+    for name, got, ref in named:
+        try:
+            _assert_close(got, ref, rtol=rtol)
+        except AssertionError as e:
+            raise AssertionError(f"{case} {name}") from e
+
+
 # (n, h, w, c, k, kernel, stride, padding): 1x1 / 3x3 / 7x7, strides 1 and 2, string and explicit
 # padding, odd and even spatial sizes, non-square inputs. Cases are grouped so that each group is
 # compiled once (one jit holding the fast and the reference convolutions of every case).
@@ -376,11 +385,7 @@ def test_native_filter_grad_equals_lax():
 
     results = _group_results(NATIVE_CASES, jnp.float32, jnp.float32)
     for case, (fast, ref) in zip(NATIVE_CASES, results):
-        for name, g, r in zip(("y", "dx", "dw"), fast, ref):
-            try:
-                _assert_close(g, r, rtol=1e-5)
-            except AssertionError as e:
-                raise AssertionError(f"{case} {name}") from e
+        _assert_case_close(case, zip(("y", "dx", "dw"), fast, ref))
 
 
 def test_native_kernels_equal_lax_directly():
@@ -404,11 +409,7 @@ def test_native_kernels_equal_lax_directly():
     data = [_inputs(n, h, wd, c, k, ks, ks, (s, s), padding, jnp.float32, seed=i)
             for i, (n, h, wd, c, k, ks, s, padding) in enumerate(NATIVE_CASES)]
     for case, (dw, dw_ref, y, y_ref) in zip(NATIVE_CASES, jax.jit(both)(data)):
-        try:
-            _assert_close(dw, dw_ref, rtol=1e-5)
-            _assert_close(y, y_ref, rtol=1e-5)
-        except AssertionError as e:
-            raise AssertionError(f"{case}") from e
+        _assert_case_close(case, [("dw", dw, dw_ref), ("y", y, y_ref)])
 
 
 def test_native_path_is_taken_only_where_supported():

@@ -1,11 +1,16 @@
-"""A native CPU kernel for the convolution filter gradient, called from XLA through the FFI.
+"""Native CPU kernels for convolutions (the filter gradient, and a forward convolution), called from XLA
+through the FFI.
 
 ``filter_grad(x, dy, kernel_size, strides, pads)`` computes
 
     dW[i, j, c, k] = sum_{n, h, w} x_p[n, s_h h + i, s_w w + j, c] * dy[n, h, w, k]
 
-for float32 NHWC ``x`` and ``dy`` (``x_p``: x zero-padded by ``pads``), as one XLA custom call. The kernel
-(``conv_filter_grad.cc``) is compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++``)
+for float32 NHWC ``x`` and ``dy`` (``x_p``: x zero-padded by ``pads``), as one XLA custom call, and
+``conv(x, w, out_hw, strides, pads_lo)`` the forward convolution (jaxsprint.conv uses it for 16-channel layers
+and their stride-1 input gradients, where it is faster than XLA's). Output channels must be a multiple of 16
+(the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread per call when the
+process has several devices, which already run concurrently). The kernels
+(``conv_kernels.cc``) are compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++``)
 for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
 ``~/.cache/jaxsprint``), keyed by the source, the flags, the jaxlib version and the CPU's feature flags, so a
 cached library is never run on a CPU it was not built for. Nothing is installed by hand: a machine without a
@@ -18,9 +23,10 @@ and that was the largest part of the gap to PyTorch's oneDNN on this CPU. There 
 jaxlib contains oneDNN, but does not expose its convolution (its XLA rewrite needs a build flag the wheels do
 not set), and PyTorch is not a dependency.
 
-Under ``jit`` with a batch sharded over devices the call is partitioned with
+Under ``jit`` with a batch sharded over devices the calls are partitioned with
 ``jax.experimental.custom_partitioning``: every device computes the filter gradient of its own examples and
-the results are summed over the batch's mesh axes (a ``psum``), so no activation is gathered.
+the results are summed over the batch's mesh axes (a ``psum``), and the forward convolution of its own
+examples, so no activation is gathered.
 
 Set ``JAXSPRINT_NATIVE=off`` to never build or use it.
 """
@@ -45,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 __all__ = ["available", "conv", "conv_supported", "filter_grad", "supported", "unavailable_reason"]
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_filter_grad.cc")
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_kernels.cc")
 _TARGET = "jaxsprint_conv_filter_grad_f32"
 _SYMBOL = "JaxsprintConvFilterGradF32"
 _CONV_TARGET = "jaxsprint_conv_f32"

@@ -1,4 +1,8 @@
-// Filter gradient of a 2-D NHWC convolution on the CPU, as an XLA FFI custom call.
+// CPU kernels for 2-D NHWC convolutions, as XLA FFI custom calls (see jaxsprint/native/__init__.py):
+//   JaxsprintConvFilterGradF32  the filter gradient (below);
+//   JaxsprintConvF32            the forward convolution (further down), also used for stride-1 input gradients.
+//
+// The filter gradient:
 //
 //   dw[i, j, c, k] = sum_{n, ho, wo} x[n, sh*ho + i - ph, sw*wo + j - pw, c] * dy[n, ho, wo, k]
 //
