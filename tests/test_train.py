@@ -161,3 +161,32 @@ def test_scanned_accumulation_equals_unrolled():
         step = jax.jit(train.make_train_step(model=model, num_classes=10, accum_steps=4, unroll_accum=unroll))
         outs.append(jax.device_get(step(state, x, labels, w)[0].params))
     assert _max_diff(outs[0], outs[1]) < 1e-6
+
+
+def test_native_kernels_in_scanned_accumulation_over_devices():
+    """The CPU fast convolution (native kernels where built) inside the accumulation scan, batch sharded over
+    the fake devices: the update equals the one with XLA's convolution, and the kernels are in the program."""
+    from jaxsprint import models, native, parallel
+
+    mesh = parallel.make_mesh(-1)
+    rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
+    rng = np.random.default_rng(0)
+    n = 32
+    x = jax.device_put(rng.normal(size=(n, 16, 16, 3)).astype(np.float32), dat)
+    y = jax.device_put(rng.integers(0, 10, n).astype(np.int32), dat)
+    w = jax.device_put(np.ones(n, np.float32), dat)
+    params, programs = {}, {}
+    for impl in ("xla", "auto"):
+        model = models.create_model("resnet8", num_classes=10, conv_general_dilated=train.conv_fn(impl))
+        tx = optax.sgd(0.1, momentum=0.9)
+        state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, 16, 16, 3)),
+                        out_shardings=rep)(jax.random.key(0))
+        step = train.make_train_step(model=model, num_classes=10, accum_steps=2, unroll_accum=1,
+                                     num_shards=jax.device_count(), mesh=mesh)
+        f = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep))
+        programs[impl] = f.lower(state, x, y, w).compile().as_text()
+        params[impl] = jax.device_get(f(state, x, y, w)[0].params)
+    assert "while" in programs["auto"]  # the scanned accumulation
+    if native.available():
+        assert "jaxsprint_conv_filter_grad_f32" in programs["auto"] and "all-gather" not in programs["auto"]
+    assert _max_diff(params["xla"], params["auto"]) < 1e-6
