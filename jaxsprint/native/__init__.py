@@ -12,9 +12,10 @@ and their stride-1 input gradients, where it is faster than XLA's). Output chann
 process has several devices, which already run concurrently). The kernels
 (``conv_kernels.cc``) are compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++``)
 for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
-``~/.cache/jaxsprint``), keyed by the source, the flags, the jaxlib version and the CPU's feature flags, so a
-cached library is never run on a CPU it was not built for. Nothing is installed by hand: a machine without a
-compiler simply does not get the kernel, :func:`available` says why, and callers use XLA's convolution.
+``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and
+the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
+installed by hand: a machine without a compiler simply does not get the kernels, :func:`available` says why,
+and callers use XLA's convolution.
 
 Why it exists: XLA:CPU has no fast filter-gradient kernel for small channel counts. It runs the filter
 gradient as a convolution whose "kernel" is the whole output gradient (32 x 32 x 128 for a ResNet-20
@@ -77,11 +78,20 @@ def _cpu_flags() -> str:
 
 
 def _cache_dir() -> str:
+    """$JAXSPRINT_NATIVE_CACHE, else the user cache (~/.cache/jaxsprint), else a per-user temp folder."""
     d = os.environ.get("JAXSPRINT_NATIVE_CACHE")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "jaxsprint")
-    return d
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    for d in (os.path.join(base, "jaxsprint"), os.path.join(tempfile.gettempdir(), f"jaxsprint-{os.getuid()}")):
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(d, os.W_OK):
+            return d
+    raise RuntimeError(f"no writable cache folder for the native kernels (tried {base}/jaxsprint and the "
+                       "temp folder; set JAXSPRINT_NATIVE_CACHE)")
 
 
 def _build() -> str:
