@@ -265,20 +265,26 @@ def test_flax_conv_same_output_and_grads():
         _assert_close(a, b, rtol=1e-5)
 
 
-def test_batch_sharded_over_devices():
-    """Batch split over the 8 fake CPU devices with jit + NamedSharding gives the unsharded result."""
+def _check_batch_sharded(c, k, strides=(2, 2), padding=((1, 1), (1, 1))):
+    """The fast convolution with the batch split over the fake devices (jit + NamedSharding) gives the
+    unsharded lax result; returns (mesh, sharded x, sharded dy, lax's (y, dx, dw))."""
     devices = jax.devices()
     if len(devices) < 2:
         pytest.skip("needs several devices")
     mesh = jax.sharding.Mesh(np.array(devices), ("b",))
-    strides, padding = (2, 2), ((1, 1), (1, 1))
-    x, w, dy = _inputs(2 * len(devices), 8, 8, 4, 8, 3, 3, strides, padding, jnp.float32)
+    x, w, dy = _inputs(2 * len(devices), 8, 8, c, k, 3, 3, strides, padding, jnp.float32)
     ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
     xs = jax.device_put(x, NamedSharding(mesh, P("b")))
     dys = jax.device_put(dy, NamedSharding(mesh, P("b")))
     got = _value_and_grads(jconv.conv_general_dilated, xs, w, dys, strides, padding)
     for g, r in zip(got, ref):
         _assert_close(g, r, rtol=1e-5)
+    return mesh, xs, dys, ref
+
+
+def test_batch_sharded_over_devices():
+    """Batch split over the 8 fake CPU devices with jit + NamedSharding gives the unsharded result."""
+    _check_batch_sharded(4, 8)
 
 
 def test_compiler_options_policy():
@@ -435,20 +441,10 @@ def test_native_path_is_taken_only_where_supported():
 
 def test_native_filter_grad_batch_sharded_is_summed_not_gathered():
     """With the batch sharded over the fake devices, each device reduces its own examples, then a psum."""
-    devices = jax.devices()
-    if len(devices) < 2:
-        pytest.skip("needs several devices")
     if not native.available():
         pytest.skip(native.unavailable_reason())
-    mesh = jax.sharding.Mesh(np.array(devices), ("b",))
     strides, padding = (2, 2), ((1, 1), (1, 1))
-    x, w, dy = _inputs(2 * len(devices), 8, 8, 5, 16, 3, 3, strides, padding, jnp.float32)
-    ref = _value_and_grads(lax.conv_general_dilated, x, w, dy, strides, padding)
-    xs = jax.device_put(x, NamedSharding(mesh, P("b")))
-    dys = jax.device_put(dy, NamedSharding(mesh, P("b")))
-    got = _value_and_grads(jconv.conv_general_dilated, xs, w, dys, strides, padding)
-    for g, r in zip(got, ref):
-        _assert_close(g, r, rtol=1e-5)
+    mesh, xs, dys, ref = _check_batch_sharded(5, 16, strides, padding)
 
     def dw(x, dy):
         return native.filter_grad(x, dy, (3, 3), strides, padding)
