@@ -168,11 +168,10 @@ def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, i
                 precision: Any) -> jax.Array:
     """dx. With stride 1 it is a stride-1 convolution of dy with the flipped, transposed kernel
     (low padding k - 1 - p), which the native kernel runs where it is faster; else XLA's own."""
-    kh, kw = w.shape[:2]
-    if strides == (1, 1):
+    kh, kw, c, k = w.shape
+    if strides == (1, 1) and _native_forward_ok(dy, jax.ShapeDtypeStruct((kh, kw, k, c), w.dtype)):
         wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))
-        if _native_forward_ok(dy, wt):
-            return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]))
+        return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]))
     _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
     return vjp_x(dy)[0]
 
@@ -193,7 +192,7 @@ def _fast_conv_fwd(x, w, strides, pads, precision):
 _NATIVE_DW_MIN_ROWS_PER_OUTPUT = 0.2
 
 
-def _use_native(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
+def _native_filter_grad_ok(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
     """Whether the filter gradient goes to the native CPU kernel (jaxsprint.native)."""
     if not (jax.default_backend() == "cpu" and x.dtype == w.dtype == dy.dtype
             and native.supported(x.shape, dy.shape, x.dtype, w.shape[:2])):
@@ -207,7 +206,7 @@ def _use_native(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
 def _fast_conv_bwd(strides, pads, precision, res, dy):
     x, w = res
     dx = _input_grad(x, w, dy, strides, pads, precision)
-    if _use_native(x, w, dy):
+    if _native_filter_grad_ok(x, w, dy):
         dw = native.filter_grad(x, dy, w.shape[:2], strides, pads)
     elif w.shape[0] == w.shape[1] == 1:
         dw = _filter_grad_1x1(x, w, dy, strides, pads, precision)

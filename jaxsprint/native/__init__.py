@@ -186,7 +186,8 @@ def _batch_axes(sharding):
     return spec[0] if spec is not None and len(spec) else None
 
 
-def _replicated(mesh, *args):
+def _filter_grad_infer(kernel_size, strides, pads, threads, mesh, arg_shapes, result_shape):
+    """The result (dW) is replicated: every device holds the sum over all examples."""
     return NamedSharding(mesh, P())
 
 
@@ -207,7 +208,7 @@ def _filter_grad(x, dy, kernel_size, strides, pads, threads):
 
 
 _filter_grad.def_partition(
-    infer_sharding_from_operands=_replicated, partition=_partition,
+    infer_sharding_from_operands=_filter_grad_infer, partition=_partition,
     sharding_rule="n h w c, n a b k -> p q c k", reduction_factors=("n", "h", "w", "a", "b"),
     need_replication_factors=("c", "k", "p", "q"))
 
