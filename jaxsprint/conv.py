@@ -11,13 +11,16 @@ with a stride of a full image. Measured on this project's 2-core CPU, those
 
 What this module does (values and gradients equal to lax's up to float summation order; tested):
 
-* forward: ``lax.conv_general_dilated`` itself, except for float32 layers with 16 output channels
-  from at most 16 input channels (ResNet stems and first stages), which run in the native CPU kernel
-  of :mod:`jaxsprint.native` (measured 15-70 % faster than XLA's Eigen convolution there, slower on
-  wider layers);
+* forward: ``lax.conv_general_dilated`` itself, except in float32 on CPU for
+  - 3x3 stride-1 layers with input and output channels multiples of 16 (every 3x3 layer of ResNet-20 but
+    the stem and the two strided ones; ResNet-50's 3x3 layers but the strided ones): Winograd's F(2x2, 3x3)
+    in the native kernels of :mod:`jaxsprint.native`, 2.25x fewer multiplications (measured 1.2-3x faster
+    than XLA's convolution per layer, ``scripts/bench_conv_layers.py``);
+  - other layers with 16 output channels from at most 16 input channels (the ResNet-20 stem): the native
+    direct kernel (measured 15-70 % faster than XLA's Eigen convolution there);
 * input gradient: XLA's own transposed convolution (``jax.vjp`` of the same call), which is as
   fast as the forward; for stride 1 it is the convolution of dy with the flipped, transposed kernel,
-  so the layers above run it in the native kernel too;
+  so the layers above run it in the same native kernels;
 * filter gradient, for a kernel of size k_h x k_w, stride (s_h, s_w) and padded input x_p:
 
       dW[i, j, c, k] = sum_{n, h, w} x_p[n, s_h h + i, s_w w + j, c] * dy[n, h, w, k]
@@ -147,31 +150,43 @@ def _filter_grad_conv(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[
     return jnp.transpose(g, (1, 2, 0, 3)).astype(w.dtype)
 
 
-def _native_forward_ok(x: jax.Array, w: jax.Array) -> bool:
-    """Whether the forward convolution goes to the native CPU kernel.
+def _native_forward_algo(x: jax.Array, w: jax.Array, strides: tuple[int, int]) -> str | None:
+    """Which native CPU kernel runs this forward convolution: "winograd", "direct" or None (XLA's).
 
-    Only where it measured faster than XLA's Eigen convolution on this project's CPU: 16 output channels
-    from at most 16 input channels (ResNet stems and first stages; ``scripts/bench_conv_layers.py``).
+    Only where it measured faster than XLA's convolution on this project's CPU
+    (``scripts/bench_conv_layers.py``): Winograd's F(2x2, 3x3) for every float32 3x3 stride-1 convolution
+    with input and output channels multiples of 16 (ResNet-20's and ResNet-50's 3x3 layers: 1.3-3x faster than
+    XLA's and 1.5x faster than the direct kernel); the direct kernel for the other layers with 16 output
+    channels from at most 16 input channels (ResNet-20's stem).
     """
-    return (jax.default_backend() == "cpu" and x.dtype == w.dtype and w.shape[-1] == 16 and x.shape[-1] <= 16
-            and native.conv_supported(x.shape, w.shape, x.dtype) and native.available())
+    if not (jax.default_backend() == "cpu" and x.dtype == w.dtype
+            and native.conv_supported(x.shape, w.shape, x.dtype)):
+        return None
+    if native.winograd_supported(x.shape, w.shape, x.dtype, strides):
+        return "winograd" if native.available() else None
+    if w.shape[-1] == 16 and x.shape[-1] <= 16:
+        return "direct" if native.available() else None
+    return None
 
 
 def _forward(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, precision: Any) -> jax.Array:
-    if _native_forward_ok(x, w):
+    algo = _native_forward_algo(x, w, strides)
+    if algo:
         out_hw = tuple((x.shape[1 + d] + pads[d][0] + pads[d][1] - w.shape[d]) // strides[d] + 1 for d in (0, 1))
-        return native.conv(x, w, out_hw, strides, (pads[0][0], pads[1][0]))
+        return native.conv(x, w, out_hw, strides, (pads[0][0], pads[1][0]), winograd=algo == "winograd")
     return _lax_conv(x, w, strides, pads, precision)
 
 
 def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, int], pads: Pads,
                 precision: Any) -> jax.Array:
     """dx. With stride 1 it is a stride-1 convolution of dy with the flipped, transposed kernel
-    (low padding k - 1 - p), which the native kernel runs where it is faster; else XLA's own."""
+    (low padding k - 1 - p), which the native kernels run where they are faster; else XLA's own."""
     kh, kw, c, k = w.shape
-    if strides == (1, 1) and _native_forward_ok(dy, jax.ShapeDtypeStruct((kh, kw, k, c), w.dtype)):
+    algo = _native_forward_algo(dy, jax.ShapeDtypeStruct((kh, kw, k, c), w.dtype), (1, 1)) if strides == (1, 1) else None
+    if algo:
         wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))
-        return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]))
+        return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]),
+                           winograd=algo == "winograd")
     _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
     return vjp_x(dy)[0]
 

@@ -370,6 +370,12 @@ NATIVE_CASES = [
     (2, 11, 9, 16, 16, 7, 1, ((3, 3), (3, 3))),
     (4, 7, 9, 16, 16, 1, 1, "SAME"),
     (3, 30, 33, 16, 16, 3, 1, "SAME"),
+    # Winograd (3x3, stride 1, C and K multiples of 16): odd outputs (half-empty tiles), every register block
+    # width (K = 16, 32, 48, 64), several tile blocks with a remainder, asymmetric and over-wide padding.
+    (2, 9, 11, 16, 48, 3, 1, ((0, 2), (2, 1))),
+    (2, 7, 7, 48, 32, 3, 1, "VALID"),
+    (1, 5, 6, 32, 64, 3, 1, ((3, 3), (3, 2))),
+    (5, 13, 12, 32, 32, 3, 1, "SAME"),
 ]
 
 
@@ -409,13 +415,33 @@ def test_native_kernels_equal_lax_directly():
             dw_ref = vjp(dy)[1]
             dw = native.filter_grad(x, dy, w.shape[:2], (s, s), pads)
             y = native.conv(x, w, y_ref.shape[1:3], (s, s), (pads[0][0], pads[1][0]))
-            out.append((dw, dw_ref, y, y_ref))
+            named = {"dw": (dw, dw_ref), "y": (y, y_ref)}
+            if native.winograd_supported(x.shape, w.shape, x.dtype, (s, s)):
+                named["y winograd"] = (native.conv(x, w, y_ref.shape[1:3], (s, s), (pads[0][0], pads[1][0]),
+                                                   winograd=True), y_ref)
+            out.append(named)
         return out
 
     data = [_inputs(n, h, wd, c, k, ks, ks, (s, s), padding, jnp.float32, seed=i)
             for i, (n, h, wd, c, k, ks, s, padding) in enumerate(NATIVE_CASES)]
-    for case, (dw, dw_ref, y, y_ref) in zip(NATIVE_CASES, jax.jit(both)(data)):
-        _assert_case_close(case, [("dw", dw, dw_ref), ("y", y, y_ref)])
+    results = jax.jit(both)(data)
+    assert sum("y winograd" in named for named in results) >= 8  # the Winograd cases above
+    for case, named in zip(NATIVE_CASES, results):
+        _assert_case_close(case, [(name, *pair) for name, pair in named.items()])
+
+
+def test_winograd_rejects_what_it_cannot_run():
+    assert native.winograd_supported((2, 8, 8, 16), (3, 3, 16, 32), jnp.float32, (1, 1))
+    assert not native.winograd_supported((2, 8, 8, 16), (3, 3, 16, 32), jnp.float32, (2, 2))  # stride 2
+    assert not native.winograd_supported((2, 8, 8, 8), (3, 3, 8, 32), jnp.float32, (1, 1))    # C % 16
+    assert not native.winograd_supported((2, 8, 8, 16), (3, 3, 16, 24), jnp.float32, (1, 1))  # K % 16
+    assert not native.winograd_supported((2, 8, 8, 16), (5, 5, 16, 32), jnp.float32, (1, 1))  # 5x5
+    assert not native.winograd_supported((2, 8, 8, 16), (3, 3, 16, 32), jnp.bfloat16, (1, 1))
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    x, w = jnp.ones((1, 6, 6, 16)), jnp.ones((3, 3, 16, 16))
+    with pytest.raises(Exception, match="Winograd needs a stride-1 3x3 kernel"):
+        jax.block_until_ready(native.conv(x, w, (3, 3), (2, 2), (1, 1), winograd=True))
 
 
 def test_native_path_is_taken_only_where_supported():
@@ -430,7 +456,14 @@ def test_native_path_is_taken_only_where_supported():
 
     assert "jaxsprint_conv_filter_grad_f32" in hlo(jnp.float32, 16)
     assert hlo(jnp.float32, 16).count("jaxsprint_conv_f32") == 1          # the forward (C = 4: no native dx)
-    assert "jaxsprint_conv_f32" not in hlo(jnp.float32, 32)               # forward: only K = 16 is native
+    assert "jaxsprint_conv_f32" not in hlo(jnp.float32, 32)               # C = 4, K = 32: neither kernel
+    # C = 16, K = 32, 3x3, stride 1: Winograd for the forward and for the input gradient.
+    both = jax.jit(lambda x, w: jax.grad(lambda a, b: jnp.sum(
+        jconv.conv_general_dilated(a, b, (1, 1), "SAME", dimension_numbers=DN) ** 2), argnums=(0, 1))(x, w))
+    text = both.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
+    assert text.count("winograd = 1") == 2, text
+    strided = jax.jit(lambda x, w: jconv.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=DN))
+    assert "jaxsprint_conv_f32" not in strided.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.bfloat16, 16)  # float32 only
     # A reduction short against the output (2 * 8 * 8 rows for 3 * 3 * 64 * 64 values): XLA's is faster there.
