@@ -218,11 +218,21 @@ def _native_filter_grad_ok(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
     return native.available()
 
 
+# Winograd's filter gradient measured faster than the direct native one for 3x3 stride-1 layers up to 256 x 256
+# channels (1.1-1.4x: ResNet-20's layers at batch 16 and 128, ResNet-50's at batch 32), slower at 512 x 512.
+_WINOGRAD_DW_MAX_CHANNELS = 256
+
+
+def _winograd_filter_grad_ok(x: jax.Array, w: jax.Array, strides: tuple[int, int]) -> bool:
+    return (native.winograd_supported(x.shape, w.shape, x.dtype, strides)
+            and max(w.shape[2], w.shape[3]) <= _WINOGRAD_DW_MAX_CHANNELS)
+
+
 def _fast_conv_bwd(strides, pads, precision, res, dy):
     x, w = res
     dx = _input_grad(x, w, dy, strides, pads, precision)
     if _native_filter_grad_ok(x, w, dy):
-        dw = native.filter_grad(x, dy, w.shape[:2], strides, pads)
+        dw = native.filter_grad(x, dy, w.shape[:2], strides, pads, winograd=_winograd_filter_grad_ok(x, w, strides))
     elif w.shape[0] == w.shape[1] == 1:
         dw = _filter_grad_1x1(x, w, dy, strides, pads, precision)
     else:

@@ -419,6 +419,7 @@ def test_native_kernels_equal_lax_directly():
             if native.winograd_supported(x.shape, w.shape, x.dtype, (s, s)):
                 named["y winograd"] = (native.conv(x, w, y_ref.shape[1:3], (s, s), (pads[0][0], pads[1][0]),
                                                    winograd=True), y_ref)
+                named["dw winograd"] = (native.filter_grad(x, dy, w.shape[:2], (s, s), pads, winograd=True), dw_ref)
             out.append(named)
         return out
 
@@ -442,6 +443,9 @@ def test_winograd_rejects_what_it_cannot_run():
     x, w = jnp.ones((1, 6, 6, 16)), jnp.ones((3, 3, 16, 16))
     with pytest.raises(Exception, match="Winograd needs a stride-1 3x3 kernel"):
         jax.block_until_ready(native.conv(x, w, (3, 3), (2, 2), (1, 1), winograd=True))
+    with pytest.raises(Exception, match="Winograd needs a stride-1 3x3 kernel"):
+        jax.block_until_ready(native.filter_grad(x, jnp.ones((1, 3, 3, 16)), (3, 3), (2, 2), ((1, 1), (1, 1)),
+                                                 winograd=True))
 
 
 def test_native_path_is_taken_only_where_supported():
@@ -460,8 +464,8 @@ def test_native_path_is_taken_only_where_supported():
     # C = 16, K = 32, 3x3, stride 1: Winograd for the forward and for the input gradient.
     both = jax.jit(lambda x, w: jax.grad(lambda a, b: jnp.sum(
         jconv.conv_general_dilated(a, b, (1, 1), "SAME", dimension_numbers=DN) ** 2), argnums=(0, 1))(x, w))
-    text = both.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
-    assert text.count("winograd = 1") == 2, text
+    text = both.lower(jnp.ones((16, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
+    assert text.count("winograd = 1") == 3, text  # forward, input gradient, filter gradient
     strided = jax.jit(lambda x, w: jconv.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=DN))
     assert "jaxsprint_conv_f32" not in strided.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
