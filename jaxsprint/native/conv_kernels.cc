@@ -32,6 +32,10 @@ namespace ffi = xla::ffi;
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));  // unaligned access to 16 floats
+
+inline v16 Load16(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+inline void Store16(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
 
 struct Geometry {
   int64_t n, h, w, c, ho, wo, k, kh, kw, sh, sw, ph, pw;
@@ -271,39 +275,53 @@ void WinogradFilter(const float* w, int64_t c_n, int64_t k_n, float* u) {
 void WinogradInput(const Geometry& g, const float* x, int64_t t0, int64_t count, int64_t rows, int64_t th,
                    int64_t tw, float* v) {
   const int64_t stride_p = rows * g.c;
-  for (int64_t b = 0; b < rows; ++b) {
-    if (b >= count) {
-      for (int p = 0; p < 16; ++p) std::fill(v + p * stride_p + b * g.c, v + p * stride_p + (b + 1) * g.c, 0.0f);
-      continue;
-    }
+  for (int64_t b = count; b < rows; ++b)
+    for (int p = 0; p < 16; ++p) std::fill(v + p * stride_p + b * g.c, v + p * stride_p + (b + 1) * g.c, 0.0f);
+  // Tiles of one tile row share input rows, and neighbouring tiles two input columns: B^T d is computed once
+  // per input column (cols[e] below, a sliding window of four) and each tile combines its four columns.
+  for (int64_t b = 0; b < count;) {
     const int64_t t = t0 + b, n = t / (th * tw), ti = (t / tw) % th, tj = t % tw;
-    const int64_t r0 = 2 * ti - g.ph, s0 = 2 * tj - g.pw;
-    const bool inside = r0 >= 0 && r0 + 4 <= g.h && s0 >= 0 && s0 + 4 <= g.w;
+    const int64_t run = std::min(count - b, tw - tj);
+    const int64_t r0 = 2 * ti - g.ph, s_first = 2 * tj - g.pw;
+    const float* rowp[4];
+    bool row_ok[4];
+    for (int a = 0; a < 4; ++a) {
+      row_ok[a] = r0 + a >= 0 && r0 + a < g.h;
+      rowp[a] = x + (n * g.h + (row_ok[a] ? r0 + a : 0)) * g.w * g.c;
+    }
     for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
-      v16 d[4][4];
-      for (int a = 0; a < 4; ++a) {
-        const int64_t r = r0 + a;
-        for (int e = 0; e < 4; ++e) {
-          const int64_t s = s0 + e;
-          if (inside || (r >= 0 && r < g.h && s >= 0 && s < g.w)) {
-            std::memcpy(&d[a][e], x + ((n * g.h + r) * g.w + s) * g.c + c0, 64);
-          } else {
-            d[a][e] = v16{};
-          }
+      auto column = [&](int64_t s, v16* out) {  // out[a] = (B^T d)[a] for input column s
+        v16 d[4];
+        const bool col_ok = s >= 0 && s < g.w;
+        for (int a = 0; a < 4; ++a) {
+          if (col_ok && row_ok[a]) std::memcpy(&d[a], rowp[a] + s * g.c + c0, 64);
+          else d[a] = v16{};
+        }
+        out[0] = d[0] - d[2];
+        out[1] = d[1] + d[2];
+        out[2] = d[2] - d[1];
+        out[3] = d[1] - d[3];
+      };
+      v16 cols[4][4];
+      column(s_first, cols[0]);
+      column(s_first + 1, cols[1]);
+      for (int64_t j = 0; j < run; ++j) {
+        const int64_t s0 = s_first + 2 * j;
+        column(s0 + 2, cols[2]);
+        column(s0 + 3, cols[3]);
+        float* vb = v + (b + j) * g.c + c0;
+        for (int a = 0; a < 4; ++a) {  // (B^T d) B
+          const v16 r[4] = {cols[0][a] - cols[2][a], cols[1][a] + cols[2][a], cols[2][a] - cols[1][a],
+                            cols[1][a] - cols[3][a]};
+          for (int e = 0; e < 4; ++e) std::memcpy(vb + (a * 4 + e) * stride_p, &r[e], 64);
+        }
+        for (int a = 0; a < 4; ++a) {
+          cols[0][a] = cols[2][a];
+          cols[1][a] = cols[3][a];
         }
       }
-      v16 t4[4][4];
-      for (int e = 0; e < 4; ++e) {  // B^T d
-        t4[0][e] = d[0][e] - d[2][e];
-        t4[1][e] = d[1][e] + d[2][e];
-        t4[2][e] = d[2][e] - d[1][e];
-        t4[3][e] = d[1][e] - d[3][e];
-      }
-      for (int a = 0; a < 4; ++a) {  // (B^T d) B
-        const v16 r[4] = {t4[a][0] - t4[a][2], t4[a][1] + t4[a][2], t4[a][2] - t4[a][1], t4[a][1] - t4[a][3]};
-        for (int e = 0; e < 4; ++e) std::memcpy(v + (a * 4 + e) * stride_p + b * g.c + c0, &r[e], 64);
-      }
     }
+    b += run;
   }
 }
 
@@ -317,14 +335,14 @@ inline void WinogradProduct(const float* v, const float* u, float* m, int64_t c_
   const float* vb = v + b0 * c_n;
   for (int64_t c = 0; c < c_n; ++c) {
     v16 uv[KV];
-    for (int q = 0; q < KV; ++q) std::memcpy(&uv[q], u + c * k_n + k0 + 16 * q, 64);
+    for (int q = 0; q < KV; ++q) uv[q] = Load16(u + c * k_n + k0 + 16 * q);
     for (int b = 0; b < RB; ++b) {
       const float xv = vb[b * c_n + c];
       for (int q = 0; q < KV; ++q) acc[b][q] += xv * uv[q];
     }
   }
   for (int b = 0; b < RB; ++b)
-    for (int q = 0; q < KV; ++q) std::memcpy(m + (b0 + b) * k_n + k0 + 16 * q, &acc[b][q], 64);
+    for (int q = 0; q < KV; ++q) Store16(m + (b0 + b) * k_n + k0 + 16 * q, acc[b][q]);
 }
 
 // y for tiles t0 .. t0 + count - 1 from M[p][b][k]: Y = A^T M A, written where inside the output.
@@ -428,10 +446,10 @@ inline void WinogradGradProduct(const float* v, const float* z, float* acc, int6
                                 int64_t count, int64_t c0, int64_t k0) {
   v16 a[RB][KV];
   for (int r = 0; r < RB; ++r)
-    for (int q = 0; q < KV; ++q) std::memcpy(&a[r][q], acc + (c0 + r) * k_n + k0 + 16 * q, 64);
+    for (int q = 0; q < KV; ++q) a[r][q] = Load16(acc + (c0 + r) * k_n + k0 + 16 * q);
   for (int64_t b = 0; b < count; ++b) {
     v16 zv[KV];
-    for (int q = 0; q < KV; ++q) std::memcpy(&zv[q], z + b * k_n + k0 + 16 * q, 64);
+    for (int q = 0; q < KV; ++q) zv[q] = Load16(z + b * k_n + k0 + 16 * q);
     const float* vb = v + b * c_n + c0;
     for (int r = 0; r < RB; ++r) {
       const float xv = vb[r];
@@ -439,7 +457,7 @@ inline void WinogradGradProduct(const float* v, const float* z, float* acc, int6
     }
   }
   for (int r = 0; r < RB; ++r)
-    for (int q = 0; q < KV; ++q) std::memcpy(acc + (c0 + r) * k_n + k0 + 16 * q, &a[r][q], 64);
+    for (int q = 0; q < KV; ++q) Store16(acc + (c0 + r) * k_n + k0 + 16 * q, a[r][q]);
 }
 
 // acc[p][c][k] += M over tile blocks blk0 .. blk1 - 1.
