@@ -10,7 +10,8 @@ PyTorch eager (CPU, all cores) runs in the same process as the JAX rows, with th
 Every configuration of a row is compiled first, then timed in --rounds interleaved rounds of --steps calls
 (median of each round, then median over rounds), so that load from other processes on a shared machine hits
 JAX and PyTorch alike. Page faults per step are counted over the timed calls. The PyTorch step runs under the
-process's allocator policy (jaxsprint/hostmem.py: freed memory retained on one device, glibc defaults with 8).
+process's allocator policy (jaxsprint/hostmem.py: freed memory retained; one arena with one device, an arena
+per thread with 8).
 
   .venv/bin/python scripts/bench_step.py [--torch] [--rows=resnet20:128] [--impls=xla,auto] [--json=out.json]
 

@@ -105,10 +105,30 @@ def test_too_late_in_a_running_jax_process_is_reported_not_applied():
     assert hostmem.configure("system") == "host allocator: system defaults"
 
 
-def test_auto_leaves_a_multi_device_process_alone():
+@pytest.mark.parametrize("environ, expected", [
+    ({}, True),
+    ({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, True),
+    ({"JAX_PLATFORMS": "cuda"}, False),
+    ({"JAX_PLATFORMS": "cpu,cuda"}, False),
+    ({"JAX_PLATFORMS": "tpu"}, False),
+])
+def test_cpu_only_expected(environ, expected):
+    assert hostmem.cpu_only_expected(environ) is expected
+
+
+def test_auto_on_an_accelerator_process_leaves_the_allocator_alone(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.delenv(hostmem.ENV_VAR, raising=False)
+    assert hostmem.configure() == "host allocator: system defaults (not a CPU-only process)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_auto_with_several_cpu_devices_keeps_an_arena_per_thread_and_retains():
     r = _drive("auto", device_count=8)
-    assert r["did"] == "host allocator: system defaults (not a single CPU device)"
-    assert r["max_rel_err"] < 1e-4
+    assert r["did"] == "host allocator: freed memory retained (an arena per thread, no mmap)"
+    assert r["devices"] == 8 and r["max_rel_err"] < 1e-4
+    # No mmap: the main thread's 64 MB block comes from the heap and stays there after free.
+    assert r["block_mmapped_bytes"] <= 0 and r["block_bytes_kept_after_free"] >= 64 << 20, r
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
