@@ -248,6 +248,13 @@ void ConvRowsBest(const Geometry& g, const float* x, const float* w, float* y, i
 
 constexpr int64_t kTiles = 48;  // tiles per block (a multiple of every RB below)
 
+// Uninitialised scratch memory (every element read is written first).
+struct Scratch {
+  explicit Scratch(int64_t n) : data(new float[n]) {}
+  float* get() const { return data.get(); }
+  std::unique_ptr<float[]> data;
+};
+
 // U[p][c][k] = (G g G^T)[p] for the 3x3 filter g = w[:, :, c, k]; K % 16 == 0.
 void WinogradFilter(const float* w, int64_t c_n, int64_t k_n, float* u) {
   const v16 half = v16{} + 0.5f;
@@ -376,33 +383,33 @@ template <int KV, int RB>
 void WinogradBlocks(const Geometry& g, const float* x, const float* u, float* y, int64_t blk0, int64_t blk1,
                     int64_t th, int64_t tw) {
   const int64_t tiles = g.n * th * tw;
-  std::vector<float> v(16 * kTiles * g.c), m(16 * kTiles * g.k);
+  Scratch v(16 * kTiles * g.c), m(16 * kTiles * g.k);
   for (int64_t blk = blk0; blk < blk1; ++blk) {
     const int64_t t0 = blk * kTiles, count = std::min(kTiles, tiles - t0);
     const int64_t rows = (count + RB - 1) / RB * RB;
-    WinogradInput(g, x, t0, count, rows, th, tw, v.data());
+    WinogradInput(g, x, t0, count, rows, th, tw, v.get());
     for (int p = 0; p < 16; ++p) {
-      const float* vp = v.data() + p * rows * g.c;
+      const float* vp = v.get() + p * rows * g.c;
       const float* up = u + p * g.c * g.k;
-      float* mp = m.data() + p * rows * g.k;
+      float* mp = m.get() + p * rows * g.k;
       for (int64_t k0 = 0; k0 < g.k; k0 += 16 * KV)
         for (int64_t b0 = 0; b0 < rows; b0 += RB) WinogradProduct<KV, RB>(vp, up, mp, g.c, g.k, b0, k0);
     }
-    WinogradOutput(g, m.data(), t0, count, rows, th, tw, y);
+    WinogradOutput(g, m.get(), t0, count, rows, th, tw, y);
   }
 }
 
 void Winograd(ffi::ThreadPool& pool, const Geometry& g, const float* x, const float* w, float* y, int64_t threads) {
-  std::vector<float> u(16 * g.c * g.k);
-  WinogradFilter(w, g.c, g.k, u.data());
+  Scratch u(16 * g.c * g.k);
+  WinogradFilter(w, g.c, g.k, u.get());
   const int64_t th = (g.ho + 1) / 2, tw = (g.wo + 1) / 2;
   const int64_t blocks = (g.n * th * tw + kTiles - 1) / kTiles;
   const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, blocks));
   ParallelFor(pool, t, [&](int64_t q) {
     const int64_t b0 = blocks * q / t, b1 = blocks * (q + 1) / t;
-    if (g.k % 64 == 0) WinogradBlocks<4, 6>(g, x, u.data(), y, b0, b1, th, tw);
-    else if (g.k % 32 == 0) WinogradBlocks<2, 8>(g, x, u.data(), y, b0, b1, th, tw);
-    else WinogradBlocks<1, 12>(g, x, u.data(), y, b0, b1, th, tw);
+    if (g.k % 64 == 0) WinogradBlocks<4, 6>(g, x, u.get(), y, b0, b1, th, tw);
+    else if (g.k % 32 == 0) WinogradBlocks<2, 8>(g, x, u.get(), y, b0, b1, th, tw);
+    else WinogradBlocks<1, 12>(g, x, u.get(), y, b0, b1, th, tw);
   });
 }
 
@@ -465,14 +472,14 @@ template <int KV, int RB>
 void WinogradGradBlocks(const Geometry& g, const float* x, const float* dy, float* acc, int64_t blk0,
                         int64_t blk1, int64_t th, int64_t tw) {
   const int64_t tiles = g.n * th * tw;
-  std::vector<float> v(16 * kTiles * g.c), z(16 * kTiles * g.k);
+  Scratch v(16 * kTiles * g.c), z(16 * kTiles * g.k);
   for (int64_t blk = blk0; blk < blk1; ++blk) {
     const int64_t t0 = blk * kTiles, count = std::min(kTiles, tiles - t0);
-    WinogradInput(g, x, t0, count, count, th, tw, v.data());
-    WinogradOutputGrad(g, dy, t0, count, th, tw, z.data());
+    WinogradInput(g, x, t0, count, count, th, tw, v.get());
+    WinogradOutputGrad(g, dy, t0, count, th, tw, z.get());
     for (int p = 0; p < 16; ++p) {
-      const float* vp = v.data() + p * count * g.c;
-      const float* zp = z.data() + p * count * g.k;
+      const float* vp = v.get() + p * count * g.c;
+      const float* zp = z.get() + p * count * g.k;
       float* ap = acc + p * g.c * g.k;
       for (int64_t k0 = 0; k0 < g.k; k0 += 16 * KV)
         for (int64_t c0 = 0; c0 < g.c; c0 += RB) WinogradGradProduct<KV, RB>(vp, zp, ap, g.c, g.k, count, c0, k0);
