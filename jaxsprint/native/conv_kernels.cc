@@ -36,6 +36,9 @@ typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));  // 
 
 inline v16 Load16(const float* p) { return *reinterpret_cast<const v16u*>(p); }
 inline void Store16(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
+// Keeps a loaded vector in a register: without it GCC folds the load into every FMA that uses it (KV loads
+// of a whole vector per broadcast instead of KV in all), and the products become load-bound.
+inline void KeepInRegister(v16& v) { asm("" : "+v"(v)); }
 
 struct Geometry {
   int64_t n, h, w, c, ho, wo, k, kh, kw, sh, sw, ph, pw;
@@ -342,7 +345,10 @@ inline void WinogradProduct(const float* v, const float* u, float* m, int64_t c_
   const float* vb = v + b0 * c_n;
   for (int64_t c = 0; c < c_n; ++c) {
     v16 uv[KV];
-    for (int q = 0; q < KV; ++q) uv[q] = Load16(u + c * k_n + k0 + 16 * q);
+    for (int q = 0; q < KV; ++q) {
+      uv[q] = Load16(u + c * k_n + k0 + 16 * q);
+      KeepInRegister(uv[q]);
+    }
     for (int b = 0; b < RB; ++b) {
       const float xv = vb[b * c_n + c];
       for (int q = 0; q < KV; ++q) acc[b][q] += xv * uv[q];
@@ -456,7 +462,10 @@ inline void WinogradGradProduct(const float* v, const float* z, float* acc, int6
     for (int q = 0; q < KV; ++q) a[r][q] = Load16(acc + (c0 + r) * k_n + k0 + 16 * q);
   for (int64_t b = 0; b < count; ++b) {
     v16 zv[KV];
-    for (int q = 0; q < KV; ++q) zv[q] = Load16(z + b * k_n + k0 + 16 * q);
+    for (int q = 0; q < KV; ++q) {
+      zv[q] = Load16(z + b * k_n + k0 + 16 * q);
+      KeepInRegister(zv[q]);
+    }
     const float* vb = v + b * c_n + c0;
     for (int r = 0; r < RB; ++r) {
       const float xv = vb[r];
