@@ -28,7 +28,9 @@ What this module does (values and gradients equal to lax's up to float summation
   - float32 with K a multiple of 16, where the reduction is long against the output
     (N * H_out * W_out >= 0.2 * k_h * k_w * C * K): the native kernel, which keeps a block of dW in
     vector registers and streams x and dy (1.5-2.5x faster than the options below on every ResNet-20
-    layer and on ResNet-50 at 56x56; XLA is faster on ResNet-50's late, wide layers);
+    layer and on ResNet-50 at 56x56; XLA is faster on ResNet-50's late, wide layers); for 3x3 stride-1
+    layers with C a multiple of 16 and at most 256 channels, its Winograd F(2x2, 3x3) form (1.2-1.9x
+    faster again per layer);
   - otherwise, 1x1 kernels: one matmul, ``x_p[:, ::s_h, ::s_w, :]^T @ dy`` contracted over (n, h, w)
     (measured 2-8x less CPU time than XLA's 1x1 filter-gradient convolution, strided or not);
   - otherwise: the same convolution XLA would run, but on operands that this module
