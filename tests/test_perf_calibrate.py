@@ -162,3 +162,21 @@ def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):
     path.write_text(json.dumps(data))
     machine, _ = calibrate.load_preset(str(path))
     assert float(machine.half_efficiency_batch) == 0.0
+
+
+def test_conv_efficiencies_may_exceed_one_other_efficiencies_may_not():
+    """A fast convolution algorithm (Winograd) beats the direct multiply-accumulate count at peak: the fit must
+    be able to say so for the convolution passes, and only for them."""
+    bounds = calibrate.default_bounds(mc.get("cpu"), ["efficiency_fwd", "efficiency_bwd_data",
+                                                      "efficiency_bwd_weight", "norm_memory_efficiency"])
+    assert bounds["efficiency_fwd"][1] > 2.25 and bounds["efficiency_bwd_weight"][1] > 2.25
+    assert bounds["norm_memory_efficiency"] == (1e-3, 1.0)
+    true = mc.with_figures(mc.get("cpu"), efficiency_fwd=2.0, efficiency_bwd_data=2.0)
+    nets = [nw.get("resnet8"), nw.get("resnet20")]
+    steps = [calibrate.StepTiming(n, b, 1.0, 5.0) for n in nets for b in (4, 16, 64)]
+    ps, _ = calibrate.predict_timings(true, steps)
+    steps = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
+    res = calibrate.fit(mc.get("cpu"), steps, fields=["efficiency_fwd"],
+                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=2, num_steps=1000)
+    assert res.fitted["efficiency_fwd"] == pytest.approx(2.0, rel=0.03)
+    assert not res.at_bound

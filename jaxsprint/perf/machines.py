@@ -50,7 +50,8 @@ class Machine:
       storage_bandwidth_bytes_per_s: Node-local storage read bandwidth, shared by the node's learners.
       max_nodes: Nodes of the real machine (larger requests are hypothetical; allowed with a warning).
       gpus_per_node: Accelerators per node.
-      efficiency_fwd: Saturated fraction of peak reached by conv/dense forward passes.
+      efficiency_fwd: Saturated fraction of peak reached by conv/dense forward passes, counted in direct
+        multiply-accumulates (above 1 where a fast algorithm does fewer, e.g. Winograd convolutions).
       efficiency_bwd_data: Same for the gradient w.r.t. the layer input.
       efficiency_bwd_weight: Same for the gradient w.r.t. the weights.
       half_efficiency_rows: GEMM rows (batch x output pixels) at which a pass reaches half of its
