@@ -270,7 +270,6 @@ constexpr int64_t kTiles = 24;      // tiles per block of the forward (a multipl
 constexpr int64_t kGradTiles = 48;  // tiles per block of the filter gradient
 // (measured best of 24 / 48 / 96 on ResNet-20's layers at batch 16, one thread)
 
-
 // U[p][c][k] = (G g G^T)[p] for the 3x3 filter g = w[:, :, c, k]; K % 16 == 0.
 void WinogradFilter(const float* w, int64_t c_n, int64_t k_n, float* u) {
   const v16 half = v16{} + 0.5f;
