@@ -16,11 +16,12 @@ before the JAX backend starts its thread pools (importing jax is fine, running a
 :func:`configure` is the first thing the launchers do. They are applied only when the process runs
 on CPU devices alone (an accelerator process keeps glibc's defaults). With several (fake) CPU
 devices, one arena shared by the devices' threads was measured slower (lock contention), so there
-every thread keeps its own arena and only ``mmap`` and trimming are switched off: per-step page faults fell from
-800-20,000 to 100-6,500 and a ResNet-20 step at batch 128 on 8 fake devices took 3-5 % less time
-(4 alternating pairs of processes, 2-core machine; noisy: the fault counts varied that much between
-processes with the same settings). Freed memory is kept by the process instead of being returned to the system, up to the trim
-threshold (2 GiB), which is what a training loop that allocates the same buffers every step wants.
+every thread keeps its own arena and only ``mmap`` and trimming are switched off: per-step page
+faults fell from 800-20,000 to 100-6,500 and a ResNet-20 step at batch 128 on 8 fake devices took
+3-5 % less time (4 alternating pairs of processes, 2-core machine; noisy: the fault counts varied
+that much between processes with the same settings). Freed memory is kept by the process instead of
+being returned to the system, up to the trim threshold (2 GiB), which is what a training loop that
+allocates the same buffers every step wants.
 
 Set ``JAXSPRINT_HOST_MALLOC=system`` to leave the allocator alone, ``retain`` to force the
 one-arena settings, or ``auto`` (the default) for the rule above.
