@@ -165,10 +165,12 @@ def _native_forward_algo(x: jax.Array, w: jax.Array, strides: tuple[int, int]) -
             and native.conv_supported(x.shape, w.shape, x.dtype)):
         return None
     if native.winograd_supported(x.shape, w.shape, x.dtype, strides):
-        return "winograd" if native.available() else None
-    if w.shape[-1] == 16 and x.shape[-1] <= 16:
-        return "direct" if native.available() else None
-    return None
+        algo = "winograd"
+    elif w.shape[-1] == 16 and x.shape[-1] <= 16:
+        algo = "direct"
+    else:
+        return None
+    return algo if native.available() else None
 
 
 def _forward(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, precision: Any) -> jax.Array:
@@ -184,7 +186,9 @@ def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, i
     """dx. With stride 1 it is a stride-1 convolution of dy with the flipped, transposed kernel
     (low padding k - 1 - p), which the native kernels run where they are faster; else XLA's own."""
     kh, kw, c, k = w.shape
-    algo = _native_forward_algo(dy, jax.ShapeDtypeStruct((kh, kw, k, c), w.dtype), (1, 1)) if strides == (1, 1) else None
+    algo = None
+    if strides == (1, 1):
+        algo = _native_forward_algo(dy, jax.ShapeDtypeStruct((kh, kw, k, c), w.dtype), (1, 1))
     if algo:
         wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))
         return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]),

@@ -9,8 +9,8 @@ for float32 NHWC ``x`` and ``dy`` (``x_p``: x zero-padded by ``pads``), as one X
 ``conv(x, w, out_hw, strides, pads_lo, winograd=...)`` the forward convolution, directly or, for 3x3 stride-1
 kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3) algorithm (jaxsprint.conv uses
 them for the forward and the stride-1 input gradient where they are faster than XLA's). Output channels must
-be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread per call when the
-process has several devices, which already run concurrently). The kernels
+be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread
+per call when the process has several devices, which already run concurrently). The kernels
 (``conv_kernels.cc``) are compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++``)
 for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
 ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and

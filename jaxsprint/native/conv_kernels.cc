@@ -25,7 +25,6 @@
 #include <cstring>
 #include <new>
 #include <thread>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
