@@ -181,10 +181,54 @@ def _forward(x: jax.Array, w: jax.Array, strides: tuple[int, int], pads: Pads, p
     return _lax_conv(x, w, strides, pads, precision)
 
 
+def _phase_taps(k: int, s: int, pad_lo: int, r: int) -> tuple[int, int, int]:
+    """For input rows h = s m + r of a stride-s convolution: (first tap i0, tap count t, low padding p).
+
+    dx[s m + r] = sum over taps i = i0 + s u (u < t) of dy[m + q - u] w[i], with q = (r + pad_lo - i0) / s;
+    as a correlation with the reversed taps w'[v] = w[i0 + s (t - 1 - v)] that is a stride-1 convolution of
+    dy with low padding t - 1 - q (negative: the first rows of dy are skipped).
+    """
+    i0 = (r + pad_lo) % s
+    t = max(0, -(-(k - i0) // s))
+    return i0, t, t - 1 - (r + pad_lo - i0) // s
+
+
+def _strided_input_grad_native(x_shape: tuple[int, ...], w: jax.Array, dy: jax.Array, strides: tuple[int, int],
+                               pads: Pads) -> jax.Array | None:
+    """dx of a strided convolution as s_h * s_w stride-1 native convolutions, one per phase (r_h, r_w) of
+    the input rows and columns, interleaved; None where the native kernels do not apply.
+
+    The rows h = s_h m + r_h of dx receive only the taps i = r_h + p_h (mod s_h), so each phase is a small
+    stride-1 convolution of dy (a 3x3 stride-2 kernel splits into 1x1, 1x2, 2x1 and 2x2 ones): the same
+    multiplications as XLA's transposed convolution, without the zeros it dilates dy with.
+    """
+    kh, kw, c, k = w.shape
+    n, h, wd = x_shape[:3]
+    sh, sw = strides
+    if (jax.default_backend() != "cpu" or h % sh or wd % sw or w.dtype != jnp.float32 or dy.dtype != jnp.float32
+            or not native.conv_supported(dy.shape, (kh, kw, k, c), dy.dtype) or not native.available()):
+        return None
+    mh, mw = h // sh, wd // sw
+    rows = []
+    for rh in range(sh):
+        ih, th, ph = _phase_taps(kh, sh, pads[0][0], rh)
+        cols = []
+        for rw in range(sw):
+            iw, tw, pw = _phase_taps(kw, sw, pads[1][0], rw)
+            if th == 0 or tw == 0:
+                cols.append(jnp.zeros((n, mh, mw, c), dy.dtype))
+                continue
+            sub = w[ih::sh][:th][::-1, :][:, iw::sw][:, :tw][:, ::-1]
+            cols.append(native.conv(dy, jnp.transpose(sub, (0, 1, 3, 2)), (mh, mw), (1, 1), (ph, pw)))
+        rows.append(jnp.stack(cols, axis=3))  # [n, mh, mw, sw, c]
+    return jnp.stack(rows, axis=2).reshape(n, h, wd, c)  # [n, mh, sh, mw, sw, c] -> [n, h, w, c]
+
+
 def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, int], pads: Pads,
                 precision: Any) -> jax.Array:
     """dx. With stride 1 it is a stride-1 convolution of dy with the flipped, transposed kernel
-    (low padding k - 1 - p), which the native kernels run where they are faster; else XLA's own."""
+    (low padding k - 1 - p), which the native kernels run where they are faster; with a larger stride, one
+    such convolution per phase of the stride (``_strided_input_grad_native``); else XLA's own."""
     kh, kw, c, k = w.shape
     algo = None
     if strides == (1, 1):
@@ -193,6 +237,10 @@ def _input_grad(x: jax.Array, w: jax.Array, dy: jax.Array, strides: tuple[int, i
         wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))
         return native.conv(dy, wt, x.shape[1:3], (1, 1), (kh - 1 - pads[0][0], kw - 1 - pads[1][0]),
                            winograd=algo == "winograd")
+    if strides != (1, 1):
+        dx = _strided_input_grad_native(x.shape, w, dy, strides, pads)
+        if dx is not None:
+            return dx
     _, vjp_x = jax.vjp(lambda a: _lax_conv(a, w, strides, pads, precision), x)
     return vjp_x(dy)[0]
 

@@ -10,6 +10,12 @@ BatchNorm reduction (`bn_group_size`):
 Running statistics are updated from the mean over groups of the group means and (biased) variances, so they
 are one array, identical on every device.
 
+With ``native_stats`` (the CPU fast path: ``jaxsprint.train.native_stats``), the global batch, no mask,
+float32 and channels a multiple of 16 on the CPU backend, the training statistics (the mean and the second
+central moment) and, in the backward pass, the two sums of the gradient (``sum g`` and ``sum g * x``) run as
+one pass each in ``jaxsprint.native``; XLA:CPU reads its operands once per sum and materializes ``x - mean``.
+The values are those of the two-pass formula either way (up to float rounding).
+
 When the ``bn_moments`` collection is mutable, every BatchNorm sows the exact sufficient statistics of its
 input over the (masked) batch -- ``(count, mean, M2)`` in float32 -- which `jaxsprint.polish` merges into
 population statistics.
@@ -52,6 +58,61 @@ def _masked_moments(x: Array, axes: tuple[int, ...], mask: Array | None) -> tupl
     return count, mean, m2
 
 
+def _native_stats_ok(x: Array) -> bool:
+    """Whether BatchNorm's sums over ``x`` can run in jaxsprint.native (CPU backend, float32, C % 16 == 0)."""
+    from jaxsprint import native
+
+    return (jax.default_backend() == "cpu" and native.channel_stats_supported(x.shape, x.dtype)
+            and native.available())
+
+
+@jax.custom_vjp
+def _native_moments(x: Array) -> tuple[Array, Array]:
+    """(mean, biased variance) of float32 ``x`` over every axis but the last, in one native pass."""
+    from jaxsprint import native
+
+    n = x.size // x.shape[-1]
+    stats = native.channel_moments(x) / n
+    return stats[0], stats[1]
+
+
+def _native_moments_fwd(x):
+    mean, var = _native_moments(x)
+    return (mean, var), (x, mean)
+
+
+def _native_moments_bwd(res, g):
+    x, mean = res
+    g_mean, g_var = g
+    n = x.size // x.shape[-1]
+    # d mean / dx = 1 / n, d var / dx = 2 (x - mean) / n: fused by XLA into the rest of x's gradient.
+    return (g_mean / n + (2.0 / n) * g_var * (x - mean),)
+
+
+_native_moments.defvjp(_native_moments_fwd, _native_moments_bwd)
+
+
+@jax.custom_vjp
+def _native_affine(x: Array, a: Array, b: Array) -> Array:
+    """``x * a + b`` with per-channel ``a`` and ``b``; the sums of its gradient run natively."""
+    return x * a + b
+
+
+def _native_affine_fwd(x, a, b):
+    return x * a + b, (x, a)
+
+
+def _native_affine_bwd(res, g):
+    from jaxsprint import native
+
+    x, a = res
+    sums = native.channel_products(g, x)  # (sum g, sum g * x) in one pass
+    return g * a, sums[1], sums[0]
+
+
+_native_affine.defvjp(_native_affine_fwd, _native_affine_bwd)
+
+
 class BatchNorm(nn.Module):
     """BatchNorm over the global batch or over groups of `group_size` examples (see module docstring).
 
@@ -61,6 +122,8 @@ class BatchNorm(nn.Module):
       dtype: output dtype; statistics are always computed in float32.
       group_size: None for global statistics, else the number of examples per normalisation group.
       scale_init: initialiser of the scale (zeros for the last BN of a residual block when asked).
+      native_stats: run the sums of the global-batch statistics and of their gradient in jaxsprint.native
+        where they can run (see the module docstring); the same values either way, up to float rounding.
     """
 
     momentum: float = 0.9
@@ -68,6 +131,7 @@ class BatchNorm(nn.Module):
     dtype: Any = jnp.float32
     group_size: int | None = None
     scale_init: Callable = nn.initializers.ones
+    native_stats: bool = False
 
     @nn.compact
     def __call__(self, x: Array, *, use_running_average: bool, mask: Array | None = None) -> Array:
@@ -93,14 +157,17 @@ class BatchNorm(nn.Module):
         xf = x.astype(jnp.float32)
         n = x.shape[0]
         if self.group_size is None or self.group_size >= n:
-            if mask is None:
+            native = mask is None and self.native_stats and _native_stats_ok(x)
+            if native:
+                mean, var = _native_moments(xf)
+            elif mask is None:
                 mean = jnp.mean(xf, axis=reduce_axes)
                 var = jnp.mean(jnp.square(xf - mean), axis=reduce_axes)
             else:
                 count, mean, m2 = _masked_moments(xf, reduce_axes, mask)
                 var = m2 / jnp.maximum(count, 1.0)
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            y = xf * inv + (bias - mean * inv)
+            y = _native_affine(xf, inv, bias - mean * inv) if native else xf * inv + (bias - mean * inv)
             batch_mean, batch_var = mean, var
         else:
             if mask is not None:
@@ -185,6 +252,7 @@ class ResNet(nn.Module):
       bn_momentum, bn_epsilon, bn_group_size: see `BatchNorm`.
       zero_init_last_bn: start every residual branch at zero (Goyal et al. 2017).
       conv_general_dilated: the convolution primitive (None = lax.conv_general_dilated); see jaxsprint.conv.
+      native_stats: BatchNorm sums in jaxsprint.native where they can run (see `BatchNorm`).
     """
 
     stage_sizes: Sequence[int]
@@ -198,6 +266,7 @@ class ResNet(nn.Module):
     bn_group_size: int | None = None
     zero_init_last_bn: bool = False
     conv_general_dilated: Callable | None = None
+    native_stats: bool = False
 
     @nn.compact
     def __call__(self, x, *, train: bool, mask=None):
@@ -205,7 +274,7 @@ class ResNet(nn.Module):
                                  kernel_init=nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                                  conv_general_dilated=self.conv_general_dilated)
         norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
-                                 dtype=self.dtype, group_size=self.bn_group_size)
+                                 dtype=self.dtype, group_size=self.bn_group_size, native_stats=self.native_stats)
         x = x.astype(self.dtype)
         if self.stem == "imagenet":
             x = conv(self.widths[0], (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="stem_conv")(x)
@@ -235,11 +304,12 @@ class TinyNet(nn.Module):
     bn_group_size: int | None = None
     zero_init_last_bn: bool = False
     conv_general_dilated: Callable | None = None
+    native_stats: bool = False
 
     @nn.compact
     def __call__(self, x, *, train: bool, mask=None):
         norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
-                                 dtype=self.dtype, group_size=self.bn_group_size)
+                                 dtype=self.dtype, group_size=self.bn_group_size, native_stats=self.native_stats)
         x = x.astype(self.dtype)
         for i in range(2):
             x = nn.Conv(self.width * (i + 1), (3, 3), strides=(i + 1, i + 1), use_bias=not self.use_bn,
@@ -275,7 +345,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def create_model(name: str, *, num_classes: int, dtype: str = "float32", bn_momentum: float = 0.9,
                  bn_epsilon: float = 1e-5, bn_group_size: int | None = None, zero_init_last_bn: bool = False,
-                 conv_general_dilated: Callable | None = None) -> nn.Module:
+                 conv_general_dilated: Callable | None = None, native_stats: bool = False) -> nn.Module:
     """Builds a model of the zoo by name.
 
     Args:
@@ -286,6 +356,8 @@ def create_model(name: str, *, num_classes: int, dtype: str = "float32", bn_mome
       bn_group_size: None (global statistics) or examples per BN group (see `BatchNorm`).
       zero_init_last_bn: zero-initialise the last BN scale of each residual block.
       conv_general_dilated: convolution primitive to use (None: XLA's).
+      native_stats: BatchNorm's sums in jaxsprint.native on the CPU backend where they can run (see
+        `BatchNorm`); ``jaxsprint.train.native_stats(impl)`` says when a conv kind wants them.
 
     Raises:
       ConfigError: unknown name or dtype.
@@ -297,4 +369,4 @@ def create_model(name: str, *, num_classes: int, dtype: str = "float32", bn_mome
     ctor, fixed = MODELS[name]
     return ctor(num_classes=num_classes, dtype=DTYPES[dtype], bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
                 bn_group_size=bn_group_size, zero_init_last_bn=zero_init_last_bn,
-                conv_general_dilated=conv_general_dilated, **fixed)
+                conv_general_dilated=conv_general_dilated, native_stats=native_stats, **fixed)

@@ -294,6 +294,12 @@ def conv_fn(impl: str) -> Callable | None:
     return conv_lib.make_conv(impl)
 
 
+def native_stats(impl: str) -> bool:
+    """Whether a model built for ``config.conv_impl`` runs BatchNorm's sums natively (``models.BatchNorm``):
+    for "fast" and "auto", which then do so on the CPU backend only; never for "xla", XLA's plain step."""
+    return impl != "xla"
+
+
 def compiler_options(impl: str) -> dict[str, str] | None:
     """XLA options for the jitted functions that run a model built with ``conv_fn(impl)``.
 
@@ -369,7 +375,8 @@ def build_experiment(config) -> Experiment:
     model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype,
                                 bn_momentum=config.bn.momentum, bn_epsilon=config.bn.epsilon,
                                 bn_group_size=group, zero_init_last_bn=config.zero_init_last_bn,
-                                conv_general_dilated=conv_fn(config.conv_impl))
+                                conv_general_dilated=conv_fn(config.conv_impl),
+                                native_stats=native_stats(config.conv_impl))
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
     step = make_train_step(model=model, num_classes=dataset.num_classes, label_smoothing=config.label_smoothing,
                            accum_steps=hp.accum_steps, num_shards=mesh.size, mesh=mesh)

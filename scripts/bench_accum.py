@@ -19,7 +19,8 @@ def main():
 
     from jaxsprint import models, train
 
-    model = models.create_model("resnet20", num_classes=10, conv_general_dilated=train.conv_fn("auto"))
+    model = models.create_model("resnet20", num_classes=10, conv_general_dilated=train.conv_fn("auto"),
+                                native_stats=train.native_stats("auto"))
     tx = optax.sgd(0.1, momentum=0.9)
     state0 = train.create_train_state(jax.random.key(0), model, tx, (1, 32, 32, 3))
     x = np.random.default_rng(0).normal(size=(128, 32, 32, 3)).astype(np.float32)

@@ -97,7 +97,7 @@ def worker(rows: list[str], impls: list[str], steps: int, rounds: int, dtype: st
         fns = {}
         for impl in impls:
             model = models.create_model(name, num_classes=classes, dtype=dtype,
-                                        conv_general_dilated=train.conv_fn(impl))
+                                        conv_general_dilated=train.conv_fn(impl), native_stats=train.native_stats(impl))
             tx = optax.sgd(0.01, momentum=0.9)
             state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
                             out_shardings=rep)(jax.random.key(0))

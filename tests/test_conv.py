@@ -376,6 +376,16 @@ NATIVE_CASES = [
     (2, 7, 7, 48, 32, 3, 1, "VALID"),
     (1, 5, 6, 32, 64, 3, 1, ((3, 3), (3, 2))),
     (5, 13, 12, 32, 32, 3, 1, "SAME"),
+    # Strided, C a multiple of 16, even input: the input gradient as one native convolution per phase of the
+    # stride (1x1, 1x2, 2x1 and 2x2 taps for 3x3 / 2), interleaved; SAME's (0, 1) padding, VALID, asymmetric
+    # and over-wide padding, kernels smaller than, equal to and larger than the stride, stride 3.
+    (2, 10, 12, 32, 16, 3, 2, "VALID"),
+    (2, 8, 10, 16, 32, 3, 2, ((0, 1), (2, 0))),
+    (2, 12, 8, 16, 16, 5, 2, ((2, 2), (1, 3))),
+    (2, 12, 12, 16, 16, 3, 2, ((5, 0), (0, 4))),
+    (2, 8, 8, 16, 16, 2, 2, "VALID"),
+    (2, 9, 12, 16, 16, 3, 3, "SAME"),
+    (2, 8, 8, 16, 32, 1, 2, "SAME"),
 ]
 
 
@@ -468,6 +478,14 @@ def test_native_path_is_taken_only_where_supported():
     assert text.count("winograd = 1") == 3, text  # forward, input gradient, filter gradient
     strided = jax.jit(lambda x, w: jconv.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=DN))
     assert "jaxsprint_conv_f32" not in strided.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).as_text()
+    # Its input gradient: four native phase convolutions (1x1, 1x2, 2x1, 2x2 taps), no dilated XLA convolution.
+    strided_dx = jax.jit(lambda x, w: jax.grad(lambda a: jnp.sum(
+        jconv.conv_general_dilated(a, w, (2, 2), "SAME", dimension_numbers=DN) ** 2))(x))
+    text = strided_dx.lower(jnp.ones((2, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).compile().as_text()
+    assert text.count("custom_call_target=\"jaxsprint_conv_f32\"") == 4 and "lhs_dilate" not in text, text
+    # An odd input size keeps XLA's transposed convolution (the phases would not interleave evenly).
+    text = strided_dx.lower(jnp.ones((2, 9, 8, 16)), jnp.ones((3, 3, 16, 32))).compile().as_text()
+    assert "custom_call_target=\"jaxsprint_conv_f32\"" not in text
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.float32, 8)    # K not a multiple of 16
     assert "jaxsprint_conv_filter_grad_f32" not in hlo(jnp.bfloat16, 16)  # float32 only
     # A reduction short against the output (2 * 8 * 8 rows for 3 * 3 * 64 * 64 values): XLA's is faster there.
@@ -512,3 +530,54 @@ def test_native_off_switch(tmp_path):
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_channel_stats_equal_float64_two_pass():
+    """Moments and products against float64 numpy, on row counts that leave partial blocks and remainders of
+    four rows, with a mean 500 standard deviations from zero (a one-pass sum of squares would lose it all)."""
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    rng = np.random.default_rng(7)
+    for shape in [(3, 5, 7, 16), (130, 48), (1, 1, 1, 32), (64, 16), (2, 129, 16)]:
+        a = (rng.normal(size=shape) * 2 + 1000).astype(np.float32)
+        b = rng.normal(size=shape).astype(np.float32)
+        axes = tuple(range(len(shape) - 1))
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        got = np.asarray(jax.jit(native.channel_moments)(a), np.float64)
+        np.testing.assert_allclose(got[0], a64.sum(axes), rtol=1e-6)
+        np.testing.assert_allclose(got[1], ((a64 - a64.mean(axes)) ** 2).sum(axes), rtol=2e-5, atol=1e-6)
+        got = jax.jit(native.channel_products)(a, b)
+        np.testing.assert_allclose(got, np.stack([a64.sum(axes), (a64 * b64).sum(axes)]), rtol=1e-6, atol=2e-3)
+    assert native.channel_stats_supported((4, 32), jnp.float32)
+    assert not native.channel_stats_supported((4, 24), jnp.float32)
+    assert not native.channel_stats_supported((4, 32), jnp.bfloat16)
+    a = jnp.ones((4, 16))
+    with pytest.raises(ValueError, match=r"b has shape \(16,\), expected a's \(4, 16\)"):
+        native.channel_products(a, a[0])
+
+
+def test_channel_stats_batch_sharded_are_merged_not_gathered():
+    """Rows sharded over the fake devices: each device reduces its own rows, then psums (the moments with
+    Chan et al.'s correction for the shards' different means)."""
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    n_dev = jax.device_count()
+    mesh = jax.make_mesh((n_dev,), ("data",))
+    rng = np.random.default_rng(3)
+    # Each shard has its own mean, so the shards' M2 alone would miss most of the total.
+    a = (rng.normal(size=(2 * n_dev, 3, 3, 32)) + np.repeat(np.arange(n_dev) * 5.0, 2)[:, None, None, None])
+    a = a.astype(np.float32)
+    b = rng.normal(size=a.shape).astype(np.float32)
+    dat, rep = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    a_s, b_s = jax.device_put(a, dat), jax.device_put(b, dat)
+    moments = jax.jit(native.channel_moments, out_shardings=rep)
+    products = jax.jit(native.channel_products, out_shardings=rep)
+    for text in (moments.lower(a_s).compile().as_text(), products.lower(a_s, b_s).compile().as_text()):
+        if n_dev > 1:
+            assert "all-gather" not in text and "all-reduce" in text
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    axes = (0, 1, 2)
+    np.testing.assert_allclose(moments(a_s), np.stack([a64.sum(axes), ((a64 - a64.mean(axes)) ** 2).sum(axes)]),
+                               rtol=2e-6, atol=1e-4)
+    np.testing.assert_allclose(products(a_s, b_s), np.stack([a64.sum(axes), (a64 * b64).sum(axes)]),
+                               rtol=2e-6, atol=1e-4)

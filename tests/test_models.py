@@ -92,3 +92,71 @@ def test_bfloat16_model_keeps_float32_params_and_stats():
     logits, new = m.apply(v, x, train=True, mutable=["batch_stats"])
     assert logits.shape == (4, 10) and bool(jnp.all(jnp.isfinite(logits)))
     assert all(s.dtype == jnp.float32 for s in jax.tree.leaves(new["batch_stats"]))
+
+
+def _bn_loss_and_grads(native_stats, x, running_mean, dy):
+    """BN output, updated running stats and the gradients of sum(y * dy) w.r.t. x, scale and bias, under jit."""
+    bn = models.BatchNorm(momentum=0.9, native_stats=native_stats)
+    c = x.shape[-1]
+    rng = np.random.default_rng(5)
+    params = {"scale": jnp.asarray(rng.uniform(0.5, 1.5, c), jnp.float32),
+              "bias": jnp.asarray(rng.normal(size=c), jnp.float32)}
+    stats = {"mean": running_mean, "var": jnp.ones((c,), jnp.float32)}
+
+    def f(x, params):
+        y, new = bn.apply({"params": params, "batch_stats": stats}, x, use_running_average=False,
+                          mutable=["batch_stats"])
+        return jnp.sum(y * dy), (y, new["batch_stats"])
+
+    (_, (y, new)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(x, params)
+    return jax.jit(f).lower(x, params).as_text(), y, new, grads, params
+
+
+@pytest.mark.parametrize("shape", [(6, 5, 3, 16), (4, 7, 32)])
+def test_native_bn_stats_equal_the_xla_formula_and_two_pass_moments(shape):
+    """native_stats=True (one-pass native sums, custom gradients) against XLA's two-pass moments and autodiff,
+    and both against float64, with channel means up to about ten standard deviations from zero."""
+    from jaxsprint import native
+
+    rng = np.random.default_rng(11)
+    c = shape[-1]
+    x = jnp.asarray(rng.normal(size=shape) * 2.0 + rng.normal(size=c) * 10.0, jnp.float32)
+    dy = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    running_mean = jnp.asarray(rng.normal(size=c), jnp.float32)
+    text_x, y_x, new_x, g_x, params = _bn_loss_and_grads(False, x, running_mean, dy)
+    text_n, y_n, new_n, g_n, _ = _bn_loss_and_grads(True, x, running_mean, dy)
+    assert "jaxsprint_channel_moments_f32" not in text_x
+    if native.available():
+        assert "jaxsprint_channel_moments_f32" in text_n
+    xn = np.asarray(x, np.float64).reshape(-1, c)
+    mean, var = xn.mean(0), xn.var(0)
+    for y, new in ((y_x, new_x), (y_n, new_n)):
+        want = (xn - mean) / np.sqrt(var + 1e-5) * np.asarray(params["scale"]) + np.asarray(params["bias"])
+        np.testing.assert_allclose(np.asarray(y).reshape(-1, c), want, atol=1e-5)
+        np.testing.assert_allclose(new["mean"], 0.9 * np.asarray(running_mean) + 0.1 * mean, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(new["var"], 0.9 + 0.1 * var, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_x), jax.tree.leaves(g_n)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(a))))
+
+
+def test_native_bn_stats_only_where_they_can_run():
+    """C not a multiple of 16, a mask, group statistics or bfloat16 input keep XLA's sums (same formula)."""
+    from jaxsprint import native
+
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    x = jnp.ones((4, 3, 3, 8))
+    bn = models.BatchNorm(native_stats=True)
+    v = bn.init(jax.random.key(0), x, use_running_average=False)
+    run = jax.jit(lambda v, x: bn.apply(v, x, use_running_average=False, mutable=["batch_stats"]))
+    assert "jaxsprint_channel_moments_f32" not in run.lower(v, x).as_text()
+    x16 = jnp.ones((4, 3, 3, 16))
+    v16 = bn.init(jax.random.key(0), x16, use_running_average=False)
+    assert "jaxsprint_channel_moments_f32" in run.lower(v16, x16).as_text()
+    masked = jax.jit(lambda v, x: bn.apply(v, x, use_running_average=False, mask=jnp.ones(4),
+                                           mutable=["batch_stats"]))
+    assert "jaxsprint_channel_moments_f32" not in masked.lower(v16, x16).as_text()
+    grouped = models.BatchNorm(native_stats=True, group_size=2)
+    g = jax.jit(lambda v, x: grouped.apply(v, x, use_running_average=False, mutable=["batch_stats"]))
+    assert "jaxsprint_channel_moments_f32" not in g.lower(v16, x16).as_text()
+    assert "jaxsprint_channel_moments_f32" not in run.lower(v16, x16.astype(jnp.bfloat16)).as_text()

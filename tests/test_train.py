@@ -177,7 +177,8 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
     w = jax.device_put(np.ones(n, np.float32), dat)
     params, programs = {}, {}
     for impl in ("xla", "auto"):
-        model = models.create_model("resnet8", num_classes=10, conv_general_dilated=train.conv_fn(impl))
+        model = models.create_model("resnet8", num_classes=10, conv_general_dilated=train.conv_fn(impl),
+                                    native_stats=train.native_stats(impl))
         tx = optax.sgd(0.1, momentum=0.9)
         state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, 16, 16, 3)),
                         out_shardings=rep)(jax.random.key(0))
@@ -189,4 +190,5 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
     assert "while" in programs["auto"]  # the scanned accumulation
     if native.available():
         assert "jaxsprint_conv_filter_grad_f32" in programs["auto"] and "all-gather" not in programs["auto"]
+        assert "jaxsprint_channel_products_f32" in programs["auto"]
     assert _max_diff(params["xla"], params["auto"]) < 1e-6

@@ -51,14 +51,18 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["available", "conv", "conv_supported", "filter_grad", "supported", "unavailable_reason",
-           "winograd_supported"]
+__all__ = ["available", "channel_moments", "channel_products", "channel_stats_supported", "conv", "conv_supported",
+           "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_kernels.cc")
 _TARGET = "jaxsprint_conv_filter_grad_f32"
 _SYMBOL = "JaxsprintConvFilterGradF32"
 _CONV_TARGET = "jaxsprint_conv_f32"
 _CONV_SYMBOL = "JaxsprintConvF32"
+_MOMENTS_TARGET = "jaxsprint_channel_moments_f32"
+_MOMENTS_SYMBOL = "JaxsprintChannelMomentsF32"
+_PRODUCTS_TARGET = "jaxsprint_channel_products_f32"
+_PRODUCTS_SYMBOL = "JaxsprintChannelProductsF32"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
 _LANES = 16  # the kernel's vector width: output channels must be a multiple of it
 
@@ -137,6 +141,8 @@ def _load() -> bool:
             lib = ctypes.cdll.LoadLibrary(_build())
             jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
             jax.ffi.register_ffi_target(_CONV_TARGET, jax.ffi.pycapsule(getattr(lib, _CONV_SYMBOL)), platform="cpu")
+            for target, symbol in ((_MOMENTS_TARGET, _MOMENTS_SYMBOL), (_PRODUCTS_TARGET, _PRODUCTS_SYMBOL)):
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
             _state.update(ok=True, reason="", lib=lib)
         except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
             _state.update(ok=False, reason=str(e))
@@ -293,3 +299,114 @@ def conv(x: jax.Array, w: jax.Array, out_hw: tuple[int, int], strides: tuple[int
     """
     _require()
     return _conv(x, w, tuple(out_hw), tuple(strides), tuple(pads_lo), int(bool(winograd)), _threads())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-channel statistics (BatchNorm's, and the sums of its gradient: see jaxsprint.models).
+
+
+def channel_stats_supported(shape, dtype) -> bool:
+    """Whether :func:`channel_moments` and :func:`channel_products` take an operand of this shape and dtype
+    (float32, last axis a multiple of 16; does not build)."""
+    return len(shape) >= 1 and jnp.dtype(dtype) == jnp.dtype(jnp.float32) and shape[-1] % _LANES == 0
+
+
+def _stats_shape(a):
+    return jax.ShapeDtypeStruct((2, a.shape[-1]), jnp.float32)
+
+
+def _moments_call(a, threads):
+    return jax.ffi.ffi_call(_MOMENTS_TARGET, _stats_shape(a))(a, threads=np.int64(threads))
+
+
+def _products_call(a, b, threads):
+    return jax.ffi.ffi_call(_PRODUCTS_TARGET, _stats_shape(a))(a, b, threads=np.int64(threads))
+
+
+def _replicated_infer(threads, mesh, arg_shapes, result_shape):
+    return NamedSharding(mesh, P())
+
+
+def _axes_size(mesh, axes) -> int:
+    names = axes if isinstance(axes, tuple) else (axes,)
+    size = 1
+    for name in names:
+        size *= mesh.shape[name]
+    return size
+
+
+def _moments_partition(threads, mesh, arg_shapes, result_shape):
+    axes = _batch_axes(arg_shapes[0].sharding)
+
+    def lower(a):
+        out = _moments_call(a, threads)
+        if not axes:
+            return out
+        # Chan et al.'s merge of equal-sized shards: M2 = sum_i (M2_i + n_i (mean_i - mean)^2).
+        n_i = a.size // a.shape[-1]
+        total = lax.psum(out[0], axes)
+        mean = total / (n_i * _axes_size(mesh, axes))
+        m2 = lax.psum(out[1] + n_i * jnp.square(out[0] / n_i - mean), axes)
+        return jnp.stack([total, m2])
+
+    return mesh, lower, NamedSharding(mesh, P()), (NamedSharding(mesh, P(axes)),)
+
+
+def _products_partition(threads, mesh, arg_shapes, result_shape):
+    axes = _batch_axes(arg_shapes[0].sharding)
+
+    def lower(a, b):
+        out = _products_call(a, b, threads)
+        return lax.psum(out, axes) if axes else out
+
+    sharding = NamedSharding(mesh, P(axes))
+    return mesh, lower, NamedSharding(mesh, P()), (sharding, sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _stats_fn(kind: str, ndim: int):
+    rows = " ".join(f"r{i}" for i in range(ndim - 1))
+    if kind == "moments":
+        @functools.partial(custom_partitioning, static_argnums=(1,))
+        def fn(a, threads):
+            return _moments_call(a, threads)
+
+        rule, partition = f"{rows} c -> t c", _moments_partition
+    else:
+        @functools.partial(custom_partitioning, static_argnums=(2,))
+        def fn(a, b, threads):
+            return _products_call(a, b, threads)
+
+        rule, partition = f"{rows} c, {rows} c -> t c", _products_partition
+    fn.def_partition(infer_sharding_from_operands=_replicated_infer, partition=partition, sharding_rule=rule,
+                     reduction_factors=tuple(f"r{i}" for i in range(ndim - 1)), need_replication_factors=("c", "t"))
+    return fn
+
+
+def channel_moments(a: jax.Array) -> jax.Array:
+    """``(sum a, sum (a - mean)^2)`` over every axis of ``a`` but the last, float32 [2, C], in one pass.
+
+    Matches a two-pass computation: each block of 64 rows is summed in float32 about its first row and the
+    blocks are merged in float64 (Chan et al.), as are the shards of an ``a`` sharded over devices along its
+    first axis under ``jit`` (equal shards; no gather). The caller checks :func:`channel_stats_supported`.
+
+    Raises:
+      RuntimeError: the kernels could not be built or are switched off (the message says why).
+    """
+    _require()
+    return _stats_fn("moments", a.ndim)(a, _threads())
+
+
+def channel_products(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``(sum a, sum a * b)`` over every axis but the last, float32 [2, C], in one pass over ``a`` and ``b``.
+
+    Blocks of 64 rows are summed in float32, the blocks in float64; shards are summed (a psum).
+
+    Raises:
+      ValueError: ``b``'s shape differs from ``a``'s.
+      RuntimeError: the kernels could not be built or are switched off (the message says why).
+    """
+    if tuple(b.shape) != tuple(a.shape):
+        raise ValueError(f"channel_products: b has shape {tuple(b.shape)}, expected a's {tuple(a.shape)}")
+    _require()
+    return _stats_fn("products", a.ndim)(a, b, _threads())

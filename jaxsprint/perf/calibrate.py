@@ -421,7 +421,8 @@ def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
     runners = []
     for name, batch in configs:
         model = project_models.create_model(name, num_classes=10,
-                                            conv_general_dilated=project_train.conv_fn(conv_impl))
+                                            conv_general_dilated=project_train.conv_fn(conv_impl),
+                                            native_stats=project_train.native_stats(conv_impl))
         step = jax.jit(project_train.make_train_step(model=model, num_classes=10),
                        compiler_options=project_train.compiler_options(conv_impl))
         state = project_train.create_train_state(jax.random.PRNGKey(0), model,
