@@ -10,11 +10,15 @@ BatchNorm reduction (`bn_group_size`):
 Running statistics are updated from the mean over groups of the group means and (biased) variances, so they
 are one array, identical on every device.
 
-With ``native_stats`` (the CPU fast path: ``jaxsprint.train.native_stats``), the global batch, no mask,
-float32 and channels a multiple of 16 on the CPU backend, the training statistics (the mean and the second
-central moment) and, in the backward pass, the two sums of the gradient (``sum g`` and ``sum g * x``) run as
-one pass each in ``jaxsprint.native``; XLA:CPU reads its operands once per sum and materializes ``x - mean``.
-The values are those of the two-pass formula either way (up to float rounding).
+With ``native_stats`` (the CPU fast path: ``jaxsprint.train.native_stats``), the global batch, no mask and
+float32 with channels a multiple of 16 on the CPU backend, BatchNorm's training pass runs in
+``jaxsprint.native``: the mean and second central moment in one pass over the input, the output
+``relu(x * a + b + residual)`` in one pass (blocks hand BatchNorm their shortcut and ReLU), and in the backward
+pass the two sums of the gradient (``sum g`` and ``sum g * x``) in one pass. XLA:CPU reads its operands once
+per sum, materializes ``x - mean``, and re-fuses each block's output into every ReLU mask of the backward
+pass, recomputing the residual stream from the stage's first convolution (measured on this project's 2-core
+CPU, ``scripts/bench_step.py``: ResNet-20's 1-device step at batch 128 went from about 160 to 148 ms). The
+values are those of the two-pass formula either way (up to float rounding).
 
 When the ``bn_moments`` collection is mutable, every BatchNorm sows the exact sufficient statistics of its
 input over the (masked) batch -- ``(count, mean, M2)`` in float32 -- which `jaxsprint.polish` merges into
@@ -92,25 +96,40 @@ def _native_moments_bwd(res, g):
 _native_moments.defvjp(_native_moments_fwd, _native_moments_bwd)
 
 
-@jax.custom_vjp
-def _native_affine(x: Array, a: Array, b: Array) -> Array:
-    """``x * a + b`` with per-channel ``a`` and ``b``; the sums of its gradient run natively."""
-    return x * a + b
-
-
-def _native_affine_fwd(x, a, b):
-    return x * a + b, (x, a)
-
-
-def _native_affine_bwd(res, g):
+def _native_bn_act_fwd(x, a, b, r, relu):
     from jaxsprint import native
 
-    x, a = res
+    y = native.affine_act(x, a, b, r, relu=relu)
+    return y, (x, a, y if relu else None)
+
+
+def _native_bn_act_bwd(relu, res, g, with_residual):
+    from jaxsprint import native
+
+    x, a, y = res
+    g = jnp.where(y > 0, g, 0.0) if relu else g  # the ReLU's mask, read from its stored output
     sums = native.channel_products(g, x)  # (sum g, sum g * x) in one pass
-    return g * a, sums[1], sums[0]
+    grads = (g * a, sums[1], sums[0])
+    return grads + (g,) if with_residual else grads
 
 
-_native_affine.defvjp(_native_affine_fwd, _native_affine_bwd)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _native_bn_act(x: Array, a: Array, b: Array, relu: bool) -> Array:
+    """``x * a + b`` per channel, through ReLU if ``relu``: BatchNorm's training output, natively."""
+    return _native_bn_act_fwd(x, a, b, None, relu)[0]
+
+
+_native_bn_act.defvjp(lambda x, a, b, relu: _native_bn_act_fwd(x, a, b, None, relu),
+                      lambda relu, res, g: _native_bn_act_bwd(relu, res, g, False))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _native_bn_add_act(x: Array, a: Array, b: Array, r: Array, relu: bool) -> Array:
+    """``x * a + b + r``, through ReLU if ``relu`` (a residual block's output), natively."""
+    return _native_bn_act_fwd(x, a, b, r, relu)[0]
+
+
+_native_bn_add_act.defvjp(_native_bn_act_fwd, lambda relu, res, g: _native_bn_act_bwd(relu, res, g, True))
 
 
 class BatchNorm(nn.Module):
@@ -134,7 +153,10 @@ class BatchNorm(nn.Module):
     native_stats: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, *, use_running_average: bool, mask: Array | None = None) -> Array:
+    def __call__(self, x: Array, *, use_running_average: bool, mask: Array | None = None,
+                 residual: Array | None = None, relu: bool = False) -> Array:
+        """The normalised ``x``, plus ``residual`` if given, through ReLU if ``relu`` (a residual block's
+        ``relu(bn(y) + shortcut)`` in one call, so that the native path can compute it in one pass)."""
         c = x.shape[-1]
         ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((c,), jnp.float32))
         ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((c,), jnp.float32))
@@ -147,17 +169,25 @@ class BatchNorm(nn.Module):
             self.sow("bn_moments", "moments", _masked_moments(x, tuple(range(x.ndim - 1)), mask),
                      reduce_fn=lambda prev, new: new, init_fn=lambda: ())
 
+        def finish(y: Array) -> Array:
+            y = y.astype(self.dtype)
+            if residual is not None:
+                y = residual + y
+            return nn.relu(y) if relu else y
+
         if use_running_average:
             mean, var = ra_mean.value, ra_var.value
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            y = x.astype(jnp.float32) * inv + (bias - mean * inv)
-            return y.astype(self.dtype)
+            return finish(x.astype(jnp.float32) * inv + (bias - mean * inv))
 
         reduce_axes = tuple(range(x.ndim - 1))
         xf = x.astype(jnp.float32)
         n = x.shape[0]
+        native = False
         if self.group_size is None or self.group_size >= n:
-            native = mask is None and self.native_stats and _native_stats_ok(x)
+            native = (mask is None and self.native_stats and _native_stats_ok(x)
+                      and jnp.dtype(self.dtype) == jnp.float32
+                      and (residual is None or residual.dtype == jnp.float32))
             if native:
                 mean, var = _native_moments(xf)
             elif mask is None:
@@ -167,7 +197,12 @@ class BatchNorm(nn.Module):
                 count, mean, m2 = _masked_moments(xf, reduce_axes, mask)
                 var = m2 / jnp.maximum(count, 1.0)
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            y = _native_affine(xf, inv, bias - mean * inv) if native else xf * inv + (bias - mean * inv)
+            if native:
+                shift = bias - mean * inv
+                y = (_native_bn_act(xf, inv, shift, relu) if residual is None
+                     else _native_bn_add_act(xf, inv, shift, residual, relu))
+            else:
+                y = xf * inv + (bias - mean * inv)
             batch_mean, batch_var = mean, var
         else:
             if mask is not None:
@@ -188,7 +223,7 @@ class BatchNorm(nn.Module):
             m = self.momentum
             ra_mean.value = m * ra_mean.value + (1.0 - m) * batch_mean
             ra_var.value = m * ra_var.value + (1.0 - m) * batch_var
-        return y.astype(self.dtype)
+        return y if native else finish(y)
 
 
 class BasicBlock(nn.Module):
@@ -204,14 +239,14 @@ class BasicBlock(nn.Module):
     def __call__(self, x, *, train: bool, mask=None):
         residual = x
         y = self.conv(self.filters, (3, 3), (self.strides, self.strides))(x)
-        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
+        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
         y = self.conv(self.filters, (3, 3))(y)
-        last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
-        y = self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask)
         if residual.shape != y.shape:
             residual = self.conv(self.filters, (1, 1), (self.strides, self.strides), name="proj_conv")(x)
             residual = self.norm(name="proj_bn")(residual, use_running_average=not train, mask=mask)
-        return nn.relu(residual + y)
+        last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
+        return self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask, residual=residual,
+                                               relu=True)
 
 
 class BottleneckBlock(nn.Module):
@@ -227,16 +262,16 @@ class BottleneckBlock(nn.Module):
     def __call__(self, x, *, train: bool, mask=None):
         residual = x
         y = self.conv(self.filters, (1, 1))(x)
-        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
+        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
         y = self.conv(self.filters, (3, 3), (self.strides, self.strides))(y)
-        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
+        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
         y = self.conv(self.filters * 4, (1, 1))(y)
-        last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
-        y = self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask)
         if residual.shape != y.shape:
             residual = self.conv(self.filters * 4, (1, 1), (self.strides, self.strides), name="proj_conv")(x)
             residual = self.norm(name="proj_bn")(residual, use_running_average=not train, mask=mask)
-        return nn.relu(residual + y)
+        last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
+        return self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask, residual=residual,
+                                               relu=True)
 
 
 class ResNet(nn.Module):
@@ -278,11 +313,11 @@ class ResNet(nn.Module):
         x = x.astype(self.dtype)
         if self.stem == "imagenet":
             x = conv(self.widths[0], (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="stem_conv")(x)
-            x = nn.relu(norm(name="stem_bn")(x, use_running_average=not train, mask=mask))
+            x = norm(name="stem_bn")(x, use_running_average=not train, mask=mask, relu=True)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
         else:
             x = conv(self.widths[0], (3, 3), name="stem_conv")(x)
-            x = nn.relu(norm(name="stem_bn")(x, use_running_average=not train, mask=mask))
+            x = norm(name="stem_bn")(x, use_running_average=not train, mask=mask, relu=True)
         for i, (blocks, width) in enumerate(zip(self.stage_sizes, self.widths)):
             for j in range(blocks):
                 strides = 2 if i > 0 and j == 0 else 1
@@ -314,9 +349,7 @@ class TinyNet(nn.Module):
         for i in range(2):
             x = nn.Conv(self.width * (i + 1), (3, 3), strides=(i + 1, i + 1), use_bias=not self.use_bn,
                         dtype=self.dtype, conv_general_dilated=self.conv_general_dilated)(x)
-            if self.use_bn:
-                x = norm()(x, use_running_average=not train, mask=mask)
-            x = nn.relu(x)
+            x = norm()(x, use_running_average=not train, mask=mask, relu=True) if self.use_bn else nn.relu(x)
         x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=jnp.float32)(x)
 

@@ -581,3 +581,22 @@ def test_channel_stats_batch_sharded_are_merged_not_gathered():
                                rtol=2e-6, atol=1e-4)
     np.testing.assert_allclose(products(a_s, b_s), np.stack([a64.sum(axes), (a64 * b64).sum(axes)]),
                                rtol=2e-6, atol=1e-4)
+
+
+def test_affine_act_equals_numpy():
+    """x * a + b (+ r), with and without ReLU, on an odd number of rows; and the shape checks."""
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(3, 5, 7, 32)).astype(np.float32)
+    r = rng.normal(size=x.shape).astype(np.float32)
+    a, b = rng.normal(size=32).astype(np.float32), rng.normal(size=32).astype(np.float32)
+    for relu in (False, True):
+        for res in (None, r):
+            got = jax.jit(lambda x, a, b, r: native.affine_act(x, a, b, r, relu=relu))(x, a, b, res)
+            want = x.astype(np.float64) * a + b + (0.0 if res is None else res)
+            np.testing.assert_allclose(got, np.maximum(want, 0.0) if relu else want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"a and b must have shape \(32,\)"):
+        native.affine_act(x, a[:16], b, relu=True)
+    with pytest.raises(ValueError, match=r"residual has shape \(3, 5, 7, 16\)"):
+        native.affine_act(x, a, b, r[..., :16], relu=True)

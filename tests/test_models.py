@@ -94,8 +94,9 @@ def test_bfloat16_model_keeps_float32_params_and_stats():
     assert all(s.dtype == jnp.float32 for s in jax.tree.leaves(new["batch_stats"]))
 
 
-def _bn_loss_and_grads(native_stats, x, running_mean, dy):
-    """BN output, updated running stats and the gradients of sum(y * dy) w.r.t. x, scale and bias, under jit."""
+def _bn_loss_and_grads(native_stats, x, running_mean, dy, residual=None, relu=False):
+    """BN output, updated running stats and the gradients of sum(y * dy) w.r.t. x, scale, bias (and the
+    residual), under jit."""
     bn = models.BatchNorm(momentum=0.9, native_stats=native_stats)
     c = x.shape[-1]
     rng = np.random.default_rng(5)
@@ -103,38 +104,48 @@ def _bn_loss_and_grads(native_stats, x, running_mean, dy):
               "bias": jnp.asarray(rng.normal(size=c), jnp.float32)}
     stats = {"mean": running_mean, "var": jnp.ones((c,), jnp.float32)}
 
-    def f(x, params):
+    def f(x, params, residual):
         y, new = bn.apply({"params": params, "batch_stats": stats}, x, use_running_average=False,
-                          mutable=["batch_stats"])
+                          residual=residual, relu=relu, mutable=["batch_stats"])
         return jnp.sum(y * dy), (y, new["batch_stats"])
 
-    (_, (y, new)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(x, params)
-    return jax.jit(f).lower(x, params).as_text(), y, new, grads, params
+    (_, (y, new)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(x, params, residual)
+    return jax.jit(f).lower(x, params, residual).as_text(), y, new, grads, params
 
 
-@pytest.mark.parametrize("shape", [(6, 5, 3, 16), (4, 7, 32)])
-def test_native_bn_stats_equal_the_xla_formula_and_two_pass_moments(shape):
-    """native_stats=True (one-pass native sums, custom gradients) against XLA's two-pass moments and autodiff,
-    and both against float64, with channel means up to about ten standard deviations from zero."""
+@pytest.mark.parametrize("shape,with_residual,relu", [((6, 5, 3, 16), False, False), ((4, 7, 32), False, False),
+                                                      ((6, 5, 3, 16), False, True), ((3, 4, 4, 32), True, True),
+                                                      ((3, 4, 4, 16), True, False)])
+def test_native_bn_stats_equal_the_xla_formula_and_two_pass_moments(shape, with_residual, relu):
+    """native_stats=True (one-pass native sums, native output, custom gradients) against XLA's two-pass
+    moments and autodiff, and both against float64, with channel means up to about ten standard deviations
+    from zero; with and without a residual input and ReLU."""
     from jaxsprint import native
 
     rng = np.random.default_rng(11)
     c = shape[-1]
     x = jnp.asarray(rng.normal(size=shape) * 2.0 + rng.normal(size=c) * 10.0, jnp.float32)
     dy = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    residual = jnp.asarray(rng.normal(size=shape), jnp.float32) if with_residual else None
     running_mean = jnp.asarray(rng.normal(size=c), jnp.float32)
-    text_x, y_x, new_x, g_x, params = _bn_loss_and_grads(False, x, running_mean, dy)
-    text_n, y_n, new_n, g_n, _ = _bn_loss_and_grads(True, x, running_mean, dy)
+    text_x, y_x, new_x, g_x, params = _bn_loss_and_grads(False, x, running_mean, dy, residual, relu)
+    text_n, y_n, new_n, g_n, _ = _bn_loss_and_grads(True, x, running_mean, dy, residual, relu)
     assert "jaxsprint_channel_moments_f32" not in text_x
     if native.available():
         assert "jaxsprint_channel_moments_f32" in text_n
+        assert ("jaxsprint_affine_add_act_f32" if with_residual else "jaxsprint_affine_act_f32") in text_n
     xn = np.asarray(x, np.float64).reshape(-1, c)
     mean, var = xn.mean(0), xn.var(0)
+    want = (xn - mean) / np.sqrt(var + 1e-5) * np.asarray(params["scale"]) + np.asarray(params["bias"])
+    if with_residual:
+        want = want + np.asarray(residual, np.float64).reshape(-1, c)
+    if relu:
+        want = np.maximum(want, 0.0)
     for y, new in ((y_x, new_x), (y_n, new_n)):
-        want = (xn - mean) / np.sqrt(var + 1e-5) * np.asarray(params["scale"]) + np.asarray(params["bias"])
         np.testing.assert_allclose(np.asarray(y).reshape(-1, c), want, atol=1e-5)
         np.testing.assert_allclose(new["mean"], 0.9 * np.asarray(running_mean) + 0.1 * mean, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(new["var"], 0.9 + 0.1 * var, rtol=1e-5)
+    assert (g_x[2] is None) == (g_n[2] is None) == (not with_residual)
     for a, b in zip(jax.tree.leaves(g_x), jax.tree.leaves(g_n)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(a))))
 

@@ -51,7 +51,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["available", "channel_moments", "channel_products", "channel_stats_supported", "conv", "conv_supported",
+__all__ = ["affine_act", "available", "channel_moments", "channel_products", "channel_stats_supported", "conv", "conv_supported",
            "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_kernels.cc")
@@ -63,6 +63,10 @@ _MOMENTS_TARGET = "jaxsprint_channel_moments_f32"
 _MOMENTS_SYMBOL = "JaxsprintChannelMomentsF32"
 _PRODUCTS_TARGET = "jaxsprint_channel_products_f32"
 _PRODUCTS_SYMBOL = "JaxsprintChannelProductsF32"
+_AFFINE_TARGET = "jaxsprint_affine_act_f32"
+_AFFINE_SYMBOL = "JaxsprintAffineActF32"
+_AFFINE_ADD_TARGET = "jaxsprint_affine_add_act_f32"
+_AFFINE_ADD_SYMBOL = "JaxsprintAffineAddActF32"
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
 _LANES = 16  # the kernel's vector width: output channels must be a multiple of it
 
@@ -141,7 +145,8 @@ def _load() -> bool:
             lib = ctypes.cdll.LoadLibrary(_build())
             jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
             jax.ffi.register_ffi_target(_CONV_TARGET, jax.ffi.pycapsule(getattr(lib, _CONV_SYMBOL)), platform="cpu")
-            for target, symbol in ((_MOMENTS_TARGET, _MOMENTS_SYMBOL), (_PRODUCTS_TARGET, _PRODUCTS_SYMBOL)):
+            for target, symbol in ((_MOMENTS_TARGET, _MOMENTS_SYMBOL), (_PRODUCTS_TARGET, _PRODUCTS_SYMBOL),
+                                   (_AFFINE_TARGET, _AFFINE_SYMBOL), (_AFFINE_ADD_TARGET, _AFFINE_ADD_SYMBOL)):
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
             _state.update(ok=True, reason="", lib=lib)
         except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
@@ -410,3 +415,67 @@ def channel_products(a: jax.Array, b: jax.Array) -> jax.Array:
         raise ValueError(f"channel_products: b has shape {tuple(b.shape)}, expected a's {tuple(a.shape)}")
     _require()
     return _stats_fn("products", a.ndim)(a, b, _threads())
+
+
+def _affine_call(x, a, b, r, relu, threads):
+    out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    if r is None:
+        return jax.ffi.ffi_call(_AFFINE_TARGET, out)(x, a, b, relu=np.int64(relu), threads=np.int64(threads))
+    return jax.ffi.ffi_call(_AFFINE_ADD_TARGET, out)(x, a, b, r, relu=np.int64(relu), threads=np.int64(threads))
+
+
+@functools.lru_cache(maxsize=None)
+def _affine_fn(ndim: int, residual: bool):
+    rows = " ".join(f"r{i}" for i in range(ndim - 1))
+
+    def infer(relu, threads, mesh, arg_shapes, result_shape):
+        return NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+
+    def partition(relu, threads, mesh, arg_shapes, result_shape):
+        batch = NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+        channel = NamedSharding(mesh, P())
+
+        def lower(x, a, b, *r):
+            return _affine_call(x, a, b, r[0] if r else None, relu, threads)
+
+        return mesh, lower, batch, (batch, channel, channel) + ((batch,) if residual else ())
+
+    if residual:
+        @functools.partial(custom_partitioning, static_argnums=(4, 5))
+        def fn(x, a, b, r, relu, threads):
+            return _affine_call(x, a, b, r, relu, threads)
+
+        rule = f"{rows} c, c, c, {rows} c -> {rows} c"
+    else:
+        @functools.partial(custom_partitioning, static_argnums=(3, 4))
+        def fn(x, a, b, relu, threads):
+            return _affine_call(x, a, b, None, relu, threads)
+
+        rule = f"{rows} c, c, c -> {rows} c"
+    fn.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule,
+                     need_replication_factors=("c",))
+    return fn
+
+
+def affine_act(x: jax.Array, a: jax.Array, b: jax.Array, residual: jax.Array | None = None, *,
+               relu: bool) -> jax.Array:
+    """``x * a + b`` (per-channel ``a``, ``b`` of shape [C]), plus ``residual``, through ReLU if ``relu``; float32.
+
+    BatchNorm's training output (jaxsprint.models). As a custom call its result is computed once: XLA would
+    fuse the same loop, and also duplicate it into every consumer. The caller checks
+    :func:`channel_stats_supported`. Under ``jit`` with ``x`` sharded along its first axis, each device
+    computes its own rows.
+
+    Raises:
+      ValueError: mismatched shapes.
+      RuntimeError: the kernels could not be built or are switched off (the message says why).
+    """
+    c = x.shape[-1]
+    if tuple(a.shape) != (c,) or tuple(b.shape) != (c,):
+        raise ValueError(f"affine_act: a and b must have shape ({c},), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if residual is not None and tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"affine_act: residual has shape {tuple(residual.shape)}, expected x's {tuple(x.shape)}")
+    _require()
+    if residual is None:
+        return _affine_fn(x.ndim, False)(x, a, b, int(bool(relu)), _threads())
+    return _affine_fn(x.ndim, True)(x, a, b, residual, int(bool(relu)), _threads())

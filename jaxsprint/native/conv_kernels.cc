@@ -3,7 +3,8 @@
 //   JaxsprintConvF32            the forward convolution (further down), also used for stride-1 input gradients:
 //                               a direct loop, or Winograd's F(2x2, 3x3) for 3x3 stride-1 kernels;
 //   JaxsprintChannelMomentsF32  per-channel sum and second central moment (BatchNorm's statistics) and
-//   JaxsprintChannelProductsF32 per-channel sums of a and a * b (the gradient of its affine map), at the end.
+//   JaxsprintChannelProductsF32 per-channel sums of a and a * b (the gradient of its affine map), and
+//   JaxsprintAffine(Add)ActF32  its output x * a + b (+ r), through ReLU or not, at the end.
 //
 // The filter gradient:
 //
@@ -716,6 +717,69 @@ ffi::Error ChannelProductsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ff
                              out->typed_data(), threads);
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// BatchNorm's output in training: y = x * a + b (+ r) per channel, then max(y, 0) if relu; one pass.
+// XLA would fuse the same loop, but then also re-fuse (duplicate) it into every consumer of y: the backward
+// pass's ReLU masks recomputed each residual block's output from the stage's first convolution onwards.
+// As a custom call's result, y is computed once and read back.
+template <bool Residual, bool Relu>
+void AffineActRows(const float* x, const float* a, const float* b, const float* r, float* y, int64_t c_n,
+                   int64_t r0, int64_t r1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const int64_t o = row * c_n;
+    for (int64_t c0 = 0; c0 < c_n; c0 += 16) {
+      v16 v = Load16(x + o + c0) * Load16(a + c0) + Load16(b + c0);
+      if (Residual) v += Load16(r + o + c0);
+      if (Relu) v = v > 0.0f ? v : v16{};
+      Store16(y + o + c0, v);
+    }
+  }
+}
+
+ffi::Error AffineAct(ffi::ThreadPool& pool, const float* x, const float* a, const float* b, const float* r,
+                     float* y, int64_t rows, int64_t c_n, int64_t relu, int64_t threads) {
+  if (c_n % 16 != 0) return ffi::Error::InvalidArgument("affine_act: channels % 16 != 0");
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, rows / 256));
+  ParallelFor(pool, t, [&](int64_t q) {
+    const int64_t r0 = rows * q / t, r1 = rows * (q + 1) / t;
+    if (r != nullptr) {
+      if (relu) AffineActRows<true, true>(x, a, b, r, y, c_n, r0, r1);
+      else AffineActRows<true, false>(x, a, b, r, y, c_n, r0, r1);
+    } else {
+      if (relu) AffineActRows<false, true>(x, a, b, r, y, c_n, r0, r1);
+      else AffineActRows<false, false>(x, a, b, r, y, c_n, r0, r1);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+bool AffineShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> ad, ffi::Span<const int64_t> bd) {
+  return xd.size() >= 1 && ad.size() == 1 && bd.size() == 1 && ad[0] == xd[xd.size() - 1] && bd[0] == ad[0];
+}
+
+ffi::Error AffineActImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> a,
+                         ffi::Buffer<ffi::F32> b, ffi::ResultBuffer<ffi::F32> y, int64_t relu, int64_t threads) {
+  if (!AffineShapes(x.dimensions(), a.dimensions(), b.dimensions()) || y->element_count() != x.element_count()) {
+    return ffi::Error::InvalidArgument("affine_act: x [..., C], a [C], b [C], y of x's shape");
+  }
+  const int64_t c_n = a.dimensions()[0];
+  return AffineAct(pool, x.typed_data(), a.typed_data(), b.typed_data(), nullptr, y->typed_data(),
+                   c_n ? x.element_count() / c_n : 0, c_n, relu, threads);
+}
+
+ffi::Error AffineAddActImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> a,
+                            ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> r, ffi::ResultBuffer<ffi::F32> y,
+                            int64_t relu, int64_t threads) {
+  if (!AffineShapes(x.dimensions(), a.dimensions(), b.dimensions()) || y->element_count() != x.element_count() ||
+      r.element_count() != x.element_count()) {
+    return ffi::Error::InvalidArgument("affine_act: x [..., C], a [C], b [C], r and y of x's shape");
+  }
+  const int64_t c_n = a.dimensions()[0];
+  return AffineAct(pool, x.typed_data(), a.typed_data(), b.typed_data(), r.typed_data(), y->typed_data(),
+                   c_n ? x.element_count() / c_n : 0, c_n, relu, threads);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintConvF32, ConvImpl,
@@ -759,4 +823,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintChannelProductsF32, ChannelProductsImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintAffineActF32, AffineActImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("relu")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsprintAffineAddActF32, AffineAddActImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("relu")
                                   .Attr<int64_t>("threads"));
