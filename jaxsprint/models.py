@@ -16,9 +16,8 @@ float32 with channels a multiple of 16 on the CPU backend, BatchNorm's training 
 ``relu(x * a + b + residual)`` in one pass (blocks hand BatchNorm their shortcut and ReLU), and in the backward
 pass the two sums of the gradient (``sum g`` and ``sum g * x``) in one pass. XLA:CPU reads its operands once
 per sum, materializes ``x - mean``, and re-fuses each block's output into every ReLU mask of the backward
-pass, recomputing the residual stream from the stage's first convolution (measured on this project's 2-core
-CPU, ``scripts/bench_step.py``: ResNet-20's 1-device step at batch 128 went from about 160 to 148 ms). The
-values are those of the two-pass formula either way (up to float rounding).
+pass, recomputing the residual stream from the stage's first convolution. The values are those of the
+two-pass formula either way (up to float rounding).
 
 When the ``bn_moments`` collection is mutable, every BatchNorm sows the exact sufficient statistics of its
 input over the (masked) batch -- ``(count, mean, M2)`` in float32 -- which `jaxsprint.polish` merges into
