@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -557,8 +559,9 @@ def test_channel_stats_equal_float64_two_pass():
 
 
 def test_channel_stats_batch_sharded_are_merged_not_gathered():
-    """Rows sharded over the fake devices: each device reduces its own rows, then psums (the moments with
-    Chan et al.'s correction for the shards' different means)."""
+    """Rows sharded over the fake devices: each device reduces its own rows; the products are then psummed,
+    the moments' per-shard (sum, M2) gathered (2 x C floats a device, never the rows) and merged with Chan et
+    al.'s correction for the shards' different means."""
     if not native.available():
         pytest.skip(native.unavailable_reason())
     n_dev = jax.device_count()
@@ -572,9 +575,12 @@ def test_channel_stats_batch_sharded_are_merged_not_gathered():
     a_s, b_s = jax.device_put(a, dat), jax.device_put(b, dat)
     moments = jax.jit(native.channel_moments, out_shardings=rep)
     products = jax.jit(native.channel_products, out_shardings=rep)
-    for text in (moments.lower(a_s).compile().as_text(), products.lower(a_s, b_s).compile().as_text()):
-        if n_dev > 1:
-            assert "all-gather" not in text and "all-reduce" in text
+    if n_dev > 1:
+        text = moments.lower(a_s).compile().as_text()
+        gathered = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", text)
+        assert gathered == [f"f32[{n_dev},2,32]"], gathered
+        text = products.lower(a_s, b_s).compile().as_text()
+        assert "all-gather" not in text and "all-reduce" in text
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     axes = (0, 1, 2)
     np.testing.assert_allclose(moments(a_s), np.stack([a64.sum(axes), ((a64 - a64.mean(axes)) ** 2).sum(axes)]),

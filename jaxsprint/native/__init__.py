@@ -347,11 +347,14 @@ def _moments_partition(threads, mesh, arg_shapes, result_shape):
         out = _moments_call(a, threads)
         if not axes:
             return out
-        # Chan et al.'s merge of equal-sized shards: M2 = sum_i (M2_i + n_i (mean_i - mean)^2).
+        # Every device gathers the shards' (sum, M2) (2 x C floats each: one collective, where a psum of the
+        # sums and then of the corrected M2 would be two in a row) and merges them as Chan et al.:
+        # M2 = sum_i (M2_i + n_i (mean_i - mean)^2), the shards being of equal size n_i.
         n_i = a.size // a.shape[-1]
-        total = lax.psum(out[0], axes)
-        mean = total / (n_i * _axes_size(mesh, axes))
-        m2 = lax.psum(out[1] + n_i * jnp.square(out[0] / n_i - mean), axes)
+        shards = lax.all_gather(out, axes)  # [shards, 2, C]
+        total = jnp.sum(shards[:, 0], axis=0)
+        mean = total / (n_i * shards.shape[0])
+        m2 = jnp.sum(shards[:, 1] + n_i * jnp.square(shards[:, 0] / n_i - mean), axis=0)
         return jnp.stack([total, m2])
 
     return mesh, lower, NamedSharding(mesh, P()), (NamedSharding(mesh, P(axes)),)
@@ -392,8 +395,9 @@ def channel_moments(a: jax.Array) -> jax.Array:
     """``(sum a, sum (a - mean)^2)`` over every axis of ``a`` but the last, float32 [2, C], in one pass.
 
     Matches a two-pass computation: each block of 64 rows is summed in float32 about its first row and the
-    blocks are merged in float64 (Chan et al.), as are the shards of an ``a`` sharded over devices along its
-    first axis under ``jit`` (equal shards; no gather). The caller checks :func:`channel_stats_supported`.
+    blocks are merged in float64 (Chan et al.). The shards of an ``a`` sharded over devices along its first
+    axis under ``jit`` are merged the same way, in float32 (equal shards; each device gathers the shards'
+    2 x C results, never their rows). The caller checks :func:`channel_stats_supported`.
 
     Raises:
       RuntimeError: the kernels could not be built or are switched off (the message says why).
