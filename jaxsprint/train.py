@@ -8,7 +8,6 @@ batch when BatchNorm statistics are global per micro-batch or absent.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -20,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 

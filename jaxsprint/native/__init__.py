@@ -51,8 +51,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["affine_act", "available", "channel_moments", "channel_products", "channel_stats_supported", "conv", "conv_supported",
-           "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
+__all__ = ["affine_act", "available", "channel_moments", "channel_products", "channel_stats_supported", "conv",
+           "conv_supported", "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_kernels.cc")
 _TARGET = "jaxsprint_conv_filter_grad_f32"
