@@ -223,7 +223,7 @@ def _strided_input_grad_native(x_shape: tuple[int, ...], w: jax.Array, dy: jax.A
             if th == 0 or tw == 0:
                 cols.append(jnp.zeros((n, mh, mw, c), dy.dtype))
                 continue
-            sub = w[ih::sh][:th][::-1, :][:, iw::sw][:, :tw][:, ::-1]
+            sub = w[ih::sh, iw::sw][::-1, ::-1]  # taps i0, i0 + s, ... (th x tw of them), reversed
             cols.append(native.conv(dy, jnp.transpose(sub, (0, 1, 3, 2)), (mh, mw), (1, 1), (ph, pw)))
         rows.append(jnp.stack(cols, axis=3))  # [n, mh, mw, sw, c]
     return jnp.stack(rows, axis=2).reshape(n, h, wd, c)  # [n, mh, sh, mw, sw, c] -> [n, h, w, c]

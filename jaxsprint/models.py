@@ -196,12 +196,13 @@ class BatchNorm(nn.Module):
                 count, mean, m2 = _masked_moments(xf, reduce_axes, mask)
                 var = m2 / jnp.maximum(count, 1.0)
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            if native:
-                shift = bias - mean * inv
-                y = (_native_bn_act(xf, inv, shift, relu) if residual is None
-                     else _native_bn_add_act(xf, inv, shift, residual, relu))
+            shift = bias - mean * inv
+            if not native:
+                y = xf * inv + shift
+            elif residual is None:
+                y = _native_bn_act(xf, inv, shift, relu)
             else:
-                y = xf * inv + (bias - mean * inv)
+                y = _native_bn_add_act(xf, inv, shift, residual, relu)
             batch_mean, batch_var = mean, var
         else:
             if mask is not None:

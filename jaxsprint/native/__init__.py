@@ -332,14 +332,6 @@ def _replicated_infer(threads, mesh, arg_shapes, result_shape):
     return NamedSharding(mesh, P())
 
 
-def _axes_size(mesh, axes) -> int:
-    names = axes if isinstance(axes, tuple) else (axes,)
-    size = 1
-    for name in names:
-        size *= mesh.shape[name]
-    return size
-
-
 def _moments_partition(threads, mesh, arg_shapes, result_shape):
     axes = _batch_axes(arg_shapes[0].sharding)
 
