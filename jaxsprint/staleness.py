@@ -1,10 +1,13 @@
-"""Asynchronous-SGD emulation: delayed gradients, staleness samplers, variable mini-batches.
+"""Asynchronous-SGD emulation: the delayed-gradient optax transform and its mitigations.
 
 SPRINT trains asynchronously: each update is applied with a gradient computed on weights that are several
-updates old, and the number of sub-batch gradients gathered into one update is random. This module emulates
-both effects inside an ordinary synchronous, jitted JAX program so that their effect on accuracy can be
-studied on any machine, with staleness and mini-batch distributions that are either simple parametric ones
-or the ones the performance model predicts for a real cluster.
+updates old, and the number of sub-batch gradients gathered into one update is random. This module and
+:mod:`jaxsprint.samplers` emulate both effects inside an ordinary synchronous, jitted JAX program so that their
+effect on accuracy can be studied on any machine, with staleness and mini-batch distributions that are either
+simple parametric ones or the ones the performance model predicts for a real cluster. The distributions
+(samplers) and the random mini-batch live in :mod:`jaxsprint.samplers` and are re-exported here, so
+``staleness.geometric(...)`` and ``staleness.minibatch_weights(...)`` keep working;
+:mod:`jaxsprint.async_emulation` builds all of it from ``config.async_emulation``.
 
 Delayed-gradient model. With ``tau_t`` the staleness of the gradient applied at update ``t``::
 
@@ -26,32 +29,38 @@ Staleness convention: ``tau = 0`` is synchronous SGD. This is the convention of 
 (``docs/sprint-model.md``: "S = u - 1 - v", a gradient read at version v and applied in the update that
 publishes version u), so a predicted staleness pmf indexes directly as ``pmf[tau]``.
 
-Variable mini-batch. :func:`minibatch_weights` draws ``K`` from a pmf over ``{1..n_sub}`` and returns weights
-over the ``n_sub`` sub-batches of the global batch that select ``K`` of them at random and sum to 1, so the
-weighted loss is the mean over the examples actually used (see its docstring for the train-step recipe).
-
 References:
     Zhang, Gupta, Lian, Liu. "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016
     (arXiv:1511.05950).
     Zheng, Meng, Wang, Chen, Yu, Ma, Liu. "Asynchronous Stochastic Gradient Descent with Delay
     Compensation", ICML 2017 (arXiv:1609.08326).
-    Oyama, Nomura, Sato, Nishimura, Tamatsu, Matsuoka. "Predicting statistics of asynchronous SGD
-    parameters for a large-scale distributed deep learning system on GPU supercomputers", IEEE BigData 2016.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import numbers
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxsprint import samplers
+from jaxsprint.errors import ConfigError
+# Re-exported: the samplers and the random mini-batch are part of the emulator's public surface.
+from jaxsprint.samplers import (MinibatchDraw, PmfSampler, Sampler, constant, example_weights, from_pmf, geometric,
+                                minibatch_weights, sampler_from_perf_model, uniform, weighted_mean)
+
 __all__ = [
+    "MITIGATIONS",
+    "parse_mitigation",
+    "DelayedGradientsState",
+    "delayed_gradients",
+    "find_delayed_state",
+    "staleness_metrics",
+    "buffer_nbytes",
+    # From jaxsprint.samplers:
     "Sampler",
     "PmfSampler",
     "constant",
@@ -59,350 +68,15 @@ __all__ = [
     "geometric",
     "from_pmf",
     "sampler_from_perf_model",
-    "MITIGATIONS",
-    "DelayedGradientsState",
-    "delayed_gradients",
-    "find_delayed_state",
-    "staleness_metrics",
-    "buffer_nbytes",
     "MinibatchDraw",
     "minibatch_weights",
     "example_weights",
     "weighted_mean",
 ]
 
-# Default tolerance on |sum(pmf) - 1|. Loose enough for a float32 pmf from the performance model (a few
-# hundred entries, each rounded to ~6e-8 relative), tight enough to catch a pmf that is not normalised at all.
-_PMF_SUM_ATOL = 1e-5
-
-
-# --------------------------------------------------------------------------------------------------------
-# Validation helpers: every error names the field, the value and what is allowed.
-# --------------------------------------------------------------------------------------------------------
-
-
-def _check_nonneg_int(name: str, value: Any) -> int:
-    """Returns ``value`` as a Python int if it is a non-negative integer (not a bool), else raises."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r} ({type(value).__name__}).")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-    return int(value)
-
-
-def _check_nonneg_real(name: str, value: Any) -> float:
-    """Returns ``value`` as a float if it is a finite real number >= 0 (not a bool), else raises."""
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, numbers.Real)
-        or not np.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(f"{name} must be a finite real number >= 0, got {value!r}.")
-    return float(value)
-
-
-def _check_pmf(name: str, pmf: Any, *, atol: float) -> np.ndarray:
-    """Validates a pmf (1-D, finite, >= 0, sums to 1 within ``atol``); returns it renormalised, float64."""
-    try:
-        arr = np.asarray(pmf, dtype=np.float64)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as e:
-        raise ValueError(
-            f"{name} must be a concrete array (numpy or a computed jax array), not a traced value: samplers "
-            "are configuration, built outside jit."
-        ) from e
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array of probabilities, got shape {arr.shape}.")
-    if not np.all(np.isfinite(arr)):
-        bad = np.flatnonzero(~np.isfinite(arr)).tolist()
-        raise ValueError(f"{name} must be finite, got non-finite entries at indices {bad}.")
-    if np.any(arr < 0):
-        bad = np.flatnonzero(arr < 0)
-        raise ValueError(
-            f"{name} must have non-negative entries, got {arr[bad[0]]!r} at index {int(bad[0])} "
-            f"({bad.size} negative entries)."
-        )
-    total = float(arr.sum())
-    if abs(total - 1.0) > atol:
-        raise ValueError(f"{name} must sum to 1 (within {atol:g}), got sum {total!r}.")
-    return arr / total
-
-
-# --------------------------------------------------------------------------------------------------------
-# Samplers.
-# --------------------------------------------------------------------------------------------------------
-
-
-@runtime_checkable
-class Sampler(Protocol):
-    """What :func:`delayed_gradients` and :func:`minibatch_weights` need from a sampler.
-
-    A sampler is a pure function of a PRNG key returning an int32 scalar in ``[0, max_value]``, plus the
-    static attribute ``max_value`` (the largest value it can return), used to check it against the buffer
-    size before anything is traced. :class:`PmfSampler` is the implementation every factory here returns;
-    a custom sampler only needs these two members.
-    """
-
-    max_value: int
-
-    def __call__(self, key: jax.Array) -> jax.Array:
-        ...
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class PmfSampler:
-    """A sampler of a finite distribution on ``{0, 1, ..., max_value}``, by inverse-CDF sampling.
-
-    ``pmf[k]`` is ``P(X = k)``. A draw takes one float32 uniform ``u`` and returns the number of CDF
-    boundaries ``cdf[0..max_value-1]`` that are ``<= u``; this costs one uniform and one ``searchsorted``
-    over ``max_value`` boundaries, whatever the distribution, and is the same traced program for every
-    distribution of the same length. Zero-probability values in the middle of the support are never
-    returned. Probabilities below float32 resolution (about 6e-8) are not represented exactly.
-
-    Build instances with :func:`constant`, :func:`uniform`, :func:`geometric`, :func:`from_pmf` or
-    :func:`sampler_from_perf_model`, which validate their input; the constructor trims trailing zeros.
-
-    Attributes:
-        pmf: float64 numpy array, the exact distribution (trailing zeros trimmed, so ``pmf[-1] > 0``).
-        name: A short human-readable description, e.g. ``"geometric(mean=4, max=16)"``.
-    """
-
-    pmf: np.ndarray
-    name: str = "pmf"
-
-    def __post_init__(self) -> None:
-        pmf = np.asarray(self.pmf, dtype=np.float64)
-        nonzero = np.flatnonzero(pmf > 0)
-        if nonzero.size == 0:
-            raise ValueError(f"pmf of sampler {self.name!r} has no positive entry.")
-        pmf = pmf[: nonzero[-1] + 1]
-        pmf.setflags(write=False)
-        object.__setattr__(self, "pmf", pmf)
-        # Boundaries between consecutive values, computed in float64 then rounded once.
-        boundaries = np.cumsum(pmf)[:-1] / pmf.sum()
-        object.__setattr__(self, "_boundaries", boundaries.astype(np.float32))
-
-    @property
-    def max_value(self) -> int:
-        """Largest value with positive probability."""
-        return int(self.pmf.size - 1)
-
-    @property
-    def mean(self) -> float:
-        """Exact mean of the distribution."""
-        return float(np.dot(np.arange(self.pmf.size), self.pmf))
-
-    def __call__(self, key: jax.Array) -> jax.Array:
-        """Draws one value.
-
-        Args:
-            key: A PRNG key (typed or raw uint32).
-
-        Returns:
-            An int32 scalar in ``[0, max_value]``.
-        """
-        if self.max_value == 0:
-            return jnp.zeros((), jnp.int32)
-        u = jax.random.uniform(key, (), jnp.float32)
-        return jnp.searchsorted(jnp.asarray(self._boundaries), u, side="right").astype(jnp.int32)
-
-    def __repr__(self) -> str:
-        return f"PmfSampler({self.name}, max_value={self.max_value}, mean={self.mean:.4g})"
-
-
-def constant(tau: int) -> PmfSampler:
-    """Constant staleness: ``tau_t = tau`` for every update.
-
-    Args:
-        tau: Non-negative integer.
-
-    Returns:
-        A :class:`PmfSampler` whose pmf is one-hot at ``tau``.
-    """
-    tau = _check_nonneg_int("tau", tau)
-    pmf = np.zeros(tau + 1)
-    pmf[tau] = 1.0
-    return PmfSampler(pmf, name=f"constant({tau})")
-
-
-def uniform(max_value: int) -> PmfSampler:
-    """Uniform staleness on ``{0, 1, ..., max_value}`` (mean ``max_value / 2``).
-
-    Zhang et al. (2016) observe staleness spread over ``{0..2n}`` with mean about ``n`` for n-softsync,
-    which ``uniform(2 * n)`` mimics.
-
-    Args:
-        max_value: Non-negative integer ``s``; each value has probability ``1 / (s + 1)``.
-
-    Returns:
-        A :class:`PmfSampler`.
-    """
-    s = _check_nonneg_int("max_value", max_value)
-    return PmfSampler(np.full(s + 1, 1.0 / (s + 1)), name=f"uniform(0..{s})")
-
-
-def _truncated_geometric_mean(r: float, k: int) -> float:
-    """Mean of ``P(tau) ~ r**tau`` on ``{0..k}``, for ``0 <= r < 1``."""
-    if r == 0.0:
-        return 0.0
-    return r / (1.0 - r) - (k + 1) * r ** (k + 1) / (1.0 - r ** (k + 1))
-
-
-def geometric(mean: float, max_staleness: int, *, exact_mean: bool = False) -> PmfSampler:
-    r"""Geometric staleness with a given mean, truncated to ``{0..max_staleness}``.
-
-    The untruncated law is ``P(tau = k) = (1 - r) r^k`` on ``k = 0, 1, ...`` with ``r = mean / (1 + mean)``
-    (success probability ``p = 1 / (1 + mean)``), whose mean is ``r / (1 - r) = mean``. It is truncated by
-    conditioning on ``tau <= K`` (``K = max_staleness``), i.e. renormalising ``r^k`` over ``{0..K}``. That
-    lowers the mean to
-
-    .. math::
-
-        E[\tau \mid \tau \le K] = \frac{r}{1-r} - \frac{(K+1)\, r^{K+1}}{1 - r^{K+1}},
-
-    i.e. by ``(K+1) r^{K+1} / (1 - r^{K+1})``: negligible when ``K`` is many times the mean (mean 4, K 64:
-    3.99997), but not otherwise (mean 16, K 64: 14.7 instead of 16). The realised mean is available as
-    ``sampler.mean``. With ``exact_mean=True`` the ratio ``r`` is instead solved (by bisection) so that the
-    TRUNCATED law has exactly the requested mean; a truncated geometric with ``r < 1`` has mean below
-    ``K / 2``, so this requires ``mean < max_staleness / 2``.
-
-    Args:
-        mean: Requested mean staleness, finite and ``>= 0``. ``mean = 0`` gives constant 0.
-        max_staleness: Truncation point ``K``, a non-negative integer (use the buffer's ``max_staleness``).
-        exact_mean: Solve for the truncated law's mean to equal ``mean`` instead of the untruncated one.
-
-    Returns:
-        A :class:`PmfSampler` on ``{0..max_staleness}``.
-    """
-    k = _check_nonneg_int("max_staleness", max_staleness)
-    mean = _check_nonneg_real("mean", mean)
-    if mean == 0.0:
-        return PmfSampler(np.array([1.0]), name=f"geometric(mean=0, max={k})")
-    if exact_mean:
-        if not mean < k / 2:
-            raise ValueError(
-                f"mean must be < max_staleness / 2 = {k / 2:g} with exact_mean=True (a truncated geometric "
-                f"law has mean below K / 2), got mean={mean:g}, max_staleness={k}."
-            )
-        lo, hi = 0.0, 1.0
-        for _ in range(200):  # The truncated mean is increasing in r; 200 halvings reach float64 precision.
-            mid = 0.5 * (lo + hi)
-            if _truncated_geometric_mean(mid, k) < mean:
-                lo = mid
-            else:
-                hi = mid
-        r = 0.5 * (lo + hi)
-    else:
-        r = mean / (1.0 + mean)
-    pmf = r ** np.arange(k + 1, dtype=np.float64)
-    pmf /= pmf.sum()
-    suffix = ", exact_mean" if exact_mean else ""
-    return PmfSampler(pmf, name=f"geometric(mean={mean:g}, max={k}{suffix})")
-
-
-def from_pmf(pmf: Any, *, atol: float = _PMF_SUM_ATOL, name: str = "empirical") -> PmfSampler:
-    """Sampler of an arbitrary (e.g. empirical) pmf: ``P(tau = k) = pmf[k]``.
-
-    This is also the entry point for the performance model's prediction: its staleness pmf uses the same
-    convention (index = staleness, 0 = synchronous).
-
-    Args:
-        pmf: 1-D array-like of non-negative, finite probabilities summing to 1 within ``atol`` (it is then
-            renormalised exactly). A histogram of counts must be divided by its total first.
-        atol: Tolerance on ``|sum(pmf) - 1|``.
-        name: Description used in ``repr`` and logs.
-
-    Returns:
-        A :class:`PmfSampler` with ``max_value`` the last index of positive probability.
-
-    Raises:
-        ValueError: Naming ``pmf`` if it is not 1-D, has negative or non-finite entries, or does not sum to 1.
-    """
-    return PmfSampler(_check_pmf("pmf", pmf, atol=atol), name=name)
-
-
-def sampler_from_perf_model(
-    source: Any | Callable[..., Any],
-    *args: Any,
-    max_staleness: int | None = None,
-    tail: str = "error",
-    atol: float = 1e-4,
-    **kwargs: Any,
-) -> PmfSampler:
-    """Sampler of the staleness distribution predicted by the performance model (``jaxsprint.perf``).
-
-    This module deliberately does not import ``jaxsprint.perf``: the caller passes either the predicted pmf
-    itself or a callable that computes it, e.g.::
-
-        sampler = sampler_from_perf_model(lambda: perf.predict(machine, cfg).staleness_pmf,
-                                          max_staleness=config.async_emulation.max_staleness,
-                                          tail="renormalize")
-
-    The pmf must follow the convention of ``docs/sprint-model.md``: ``pmf[s] = P(S = s)`` with
-    ``S = u - 1 - v`` (0 = synchronous), which is the ``tau`` of the delayed-gradient model.
-
-    Args:
-        source: A 1-D pmf (numpy or a concrete jax array), or a callable returning one; it is called as
-            ``source(*args, **kwargs)``. A return value with a ``staleness_pmf`` attribute is also accepted.
-        *args: Positional arguments for a callable ``source``.
-        max_staleness: Buffer size the sampler must fit. ``None``: no limit.
-        tail: What to do with probability mass above ``max_staleness``: ``"error"`` (default) raises,
-            ``"renormalize"`` conditions on ``S <= max_staleness``, ``"clip"`` moves that mass onto
-            ``max_staleness`` (keeps the frequency of very stale updates, lowers the mean less).
-        atol: Tolerance on ``|sum(pmf) - 1|``; looser than :func:`from_pmf` since model outputs are float32
-            and may be truncated numerically.
-        **kwargs: Keyword arguments for a callable ``source``.
-
-    Returns:
-        A :class:`PmfSampler` named ``"perf_model"``.
-
-    Raises:
-        ValueError: Naming ``pmf``, ``max_staleness`` or ``tail``.
-    """
-    pmf = source(*args, **kwargs) if callable(source) else source
-    pmf = getattr(pmf, "staleness_pmf", pmf)
-    arr = _check_pmf("pmf", pmf, atol=atol)
-    if max_staleness is not None:
-        k = _check_nonneg_int("max_staleness", max_staleness)
-        if tail not in ("error", "renormalize", "clip"):
-            raise ValueError(f"tail must be one of 'error', 'renormalize', 'clip', got {tail!r}.")
-        excess = float(arr[k + 1:].sum())
-        if excess > 0:
-            if tail == "error":
-                last = int(np.flatnonzero(arr > 0)[-1])
-                raise ValueError(
-                    f"max_staleness={k} is smaller than the predicted staleness support (up to {last}, "
-                    f"mass {excess:.3g} above {k}); raise max_staleness or pass tail='renormalize' or 'clip'."
-                )
-            head = arr[: k + 1].copy()
-            if tail == "clip":
-                head[k] += excess
-            if head.sum() <= 0:
-                raise ValueError(f"pmf has no mass at or below max_staleness={k}; cannot renormalise.")
-            arr = head / head.sum()
-    return PmfSampler(arr, name="perf_model")
-
-
-def _as_sampler(name: str, sampler: Any) -> Any:
-    """Accepts a sampler, an int (constant) or a pmf array; returns a sampler."""
-    if isinstance(sampler, numbers.Integral) and not isinstance(sampler, (bool, np.bool_)):
-        return constant(_check_nonneg_int(name, sampler))
-    if isinstance(sampler, (np.ndarray, jax.Array, list, tuple)):
-        return PmfSampler(_check_pmf(name, sampler, atol=_PMF_SUM_ATOL), name="pmf")
-    if not callable(sampler) or not hasattr(sampler, "max_value"):
-        raise ValueError(
-            f"{name} must be a sampler (a callable key -> int32 with a max_value attribute, e.g. "
-            f"staleness.geometric(...)), an int or a pmf array, got {sampler!r}."
-        )
-    _check_nonneg_int(f"{name}.max_value", sampler.max_value)
-    return sampler
-
-
-# --------------------------------------------------------------------------------------------------------
-# The delayed-gradient transformation.
-# --------------------------------------------------------------------------------------------------------
-
-MITIGATIONS = ("none", "staleness_lr", "dc_asgd")
+# The mitigations, spelled as ``config.async_emulation.mitigation`` and ``delayed_gradients(mitigation=...)``
+# accept them: "+" joins two (delay compensation is applied first, then the staleness-aware scale).
+MITIGATIONS = ("none", "staleness_lr", "dc_asgd", "staleness_lr+dc_asgd")
 
 
 class DelayedGradientsState(NamedTuple):
@@ -429,17 +103,22 @@ class DelayedGradientsState(NamedTuple):
     tau_counts: jax.Array
 
 
-def _parse_mitigation(mitigation: str | Sequence[str] | None) -> frozenset[str]:
+def parse_mitigation(mitigation: str | Sequence[str] | None) -> frozenset[str]:
+    """The set of mitigations a name of :data:`MITIGATIONS` (or a sequence of names) selects.
+
+    ``"none"`` and ``None`` select nothing; ``"staleness_lr+dc_asgd"`` selects both, as does
+    ``("staleness_lr", "dc_asgd")``.
+
+    Raises:
+        ConfigError: Naming ``mitigation`` when a name is not in :data:`MITIGATIONS`.
+    """
     names = (mitigation,) if mitigation is None or isinstance(mitigation, str) else tuple(mitigation)
     chosen = set()
     for m in names:
         m = "none" if m is None else m
         if m not in MITIGATIONS:
-            raise ValueError(
-                f"mitigation must be one of {MITIGATIONS} or a sequence of them, got {mitigation!r}."
-            )
-        if m != "none":
-            chosen.add(m)
+            raise ConfigError("mitigation", mitigation, f"one of {', '.join(MITIGATIONS)}, or a sequence of them")
+        chosen.update(part for part in m.split("+") if part != "none")
     return frozenset(chosen)
 
 
@@ -448,7 +127,7 @@ def _key_data(seed: int | jax.Array) -> jax.Array:
         return jax.random.key_data(seed)
     if isinstance(seed, (jax.Array, np.ndarray)) and seed.dtype == np.uint32:
         return jnp.asarray(seed)
-    return jax.random.key_data(jax.random.key(_check_nonneg_int("seed", seed)))
+    return jax.random.key_data(jax.random.key(samplers.check_nonneg_int("seed", seed)))
 
 
 def delayed_gradients(
@@ -514,7 +193,8 @@ def delayed_gradients(
         sampler: Staleness distribution: a :class:`Sampler` (:func:`constant`, :func:`uniform`,
             :func:`geometric`, :func:`from_pmf`, :func:`sampler_from_perf_model`), an int (constant) or a
             pmf array. Its ``max_value`` must be ``<= max_staleness``.
-        mitigation: ``"none"``, ``"staleness_lr"``, ``"dc_asgd"``, or a sequence of them.
+        mitigation: A name of :data:`MITIGATIONS` (``"none"``, ``"staleness_lr"``, ``"dc_asgd"``,
+            ``"staleness_lr+dc_asgd"``), or a sequence of them.
         dc_lambda: The DC-ASGD ``lambda`` (used only with ``"dc_asgd"``), finite and ``>= 0``.
         seed: An int, or a PRNG key (typed or raw uint32), for the staleness draws.
 
@@ -524,23 +204,21 @@ def delayed_gradients(
         DC-ASGD is on (pass ``params`` to ``tx.update`` as usual; ``optax.chain`` forwards it).
 
     Raises:
-        ValueError: Naming ``max_staleness``, ``sampler``, ``mitigation``, ``dc_lambda`` or ``seed``.
+        ConfigError: Naming ``max_staleness``, ``sampler``, ``mitigation``, ``dc_lambda`` or ``seed``.
 
     References:
         Zhang et al., "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016.
         Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation", ICML 2017.
     """
-    max_staleness = _check_nonneg_int("max_staleness", max_staleness)
-    sampler = _as_sampler("sampler", sampler)
+    max_staleness = samplers.check_nonneg_int("max_staleness", max_staleness)
+    sampler = samplers.as_sampler("sampler", sampler)
     if sampler.max_value > max_staleness:
-        raise ValueError(
-            f"max_staleness={max_staleness} is smaller than the support of sampler {sampler!r} (values up to "
-            f"{sampler.max_value}); raise max_staleness to at least {sampler.max_value}."
-        )
-    mitigations = _parse_mitigation(mitigation)
+        raise ConfigError("max_staleness", max_staleness, f"at least the support of sampler {sampler!r} (values up "
+                          f"to {sampler.max_value})")
+    mitigations = parse_mitigation(mitigation)
     use_dc = "dc_asgd" in mitigations
     use_lr = "staleness_lr" in mitigations
-    dc_lambda = _check_nonneg_real("dc_lambda", dc_lambda)
+    dc_lambda = samplers.check_nonneg_real("dc_lambda", dc_lambda)
     key_data = _key_data(seed)
     depth = max_staleness + 1
 
@@ -567,7 +245,8 @@ def delayed_gradients(
     ) -> tuple[optax.Updates, DelayedGradientsState]:
         del extra_args
         if use_dc and params is None:
-            raise ValueError("params must be passed to update() when mitigation includes 'dc_asgd'.")
+            raise ConfigError("params", None, "the current params, passed to update(), when mitigation includes "
+                              "'dc_asgd'")
         t = state.count
         if staleness is None:
             tau = sampler(jax.random.fold_in(jax.random.wrap_key_data(state.key), t))
@@ -661,129 +340,3 @@ def buffer_nbytes(state: DelayedGradientsState) -> int:
     """Bytes held by the gradient and parameter ring buffers of a state (works on abstract states too)."""
     leaves = jax.tree.leaves((state.grad_buffer, state.param_buffer))
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in leaves))
-
-
-# --------------------------------------------------------------------------------------------------------
-# Variable mini-batch emulation.
-# --------------------------------------------------------------------------------------------------------
-
-
-class MinibatchDraw(NamedTuple):
-    """Result of :func:`minibatch_weights`.
-
-    Attributes:
-        weights: float32 ``[n_sub]``: ``1 / k`` on the ``k`` selected sub-batches, 0 elsewhere; sums to 1.
-        k: int32 scalar, the number of sub-batches used (log its histogram).
-    """
-
-    weights: jax.Array
-    k: jax.Array
-
-
-def _as_k_sampler(n_sub: int, k_distribution: Any) -> Any:
-    if isinstance(k_distribution, numbers.Integral) and not isinstance(k_distribution, (bool, np.bool_)):
-        k = _check_nonneg_int("k_distribution", k_distribution)
-        if not 1 <= k <= n_sub:
-            raise ValueError(f"k_distribution as a constant must be in [1, n_sub={n_sub}], got {k}.")
-        return constant(k)
-    if isinstance(k_distribution, (np.ndarray, jax.Array, list, tuple)):
-        k_sampler = PmfSampler(_check_pmf("k_pmf", k_distribution, atol=_PMF_SUM_ATOL), name="k_pmf")
-    else:
-        k_sampler = _as_sampler("k_distribution", k_distribution)
-    if isinstance(k_sampler, PmfSampler) and k_sampler.pmf[0] > 0:
-        raise ValueError(
-            f"k_pmf[0] must be 0 (an update uses at least one sub-batch), got {k_sampler.pmf[0]!r}; the pmf "
-            "is indexed by the number of sub-batches K, k_pmf[k] = P(K = k)."
-        )
-    if k_sampler.max_value > n_sub:
-        raise ValueError(
-            f"n_sub={n_sub} is smaller than the support of the mini-batch distribution (K up to "
-            f"{k_sampler.max_value}); the global batch must hold at least max K sub-batches."
-        )
-    return k_sampler
-
-
-def minibatch_weights(key: jax.Array, n_sub: int, k_distribution: Any) -> MinibatchDraw:
-    r"""Emulates a random mini-batch: weights selecting ``K`` of the ``n_sub`` sub-batches of the batch.
-
-    In SPRINT an update aggregates ``K`` sub-batch gradients, ``K`` random (mini-batch size
-    ``B = N_Subbatch * K``). The emulator keeps a fixed global batch of ``n_sub`` sub-batches, draws
-    ``K ~ k_distribution``, picks ``K`` distinct sub-batches uniformly at random and weights them ``1/K``:
-
-    .. math::
-
-        \bar g = \sum_j w_j\, \bar g_j = \frac{1}{K} \sum_{j \in S} \bar g_j, \qquad |S| = K,
-
-    where ``\bar g_j`` is the mean gradient of sub-batch ``j``. This is the mean gradient over the
-    ``K * N_Subbatch`` examples actually used, so it is correctly normalised whatever ``K`` is.
-
-    How a train step uses it (the weighted loss; one backward pass, no per-sub-batch gradients)::
-
-        draw = staleness.minibatch_weights(step_key, n_sub, k_pmf)
-        ex_w = staleness.example_weights(draw.weights, batch_size)      # [batch], sums to 1
-        def loss_fn(params):
-            per_example = optax.softmax_cross_entropy_with_integer_labels(logits(params), labels)
-            return jnp.sum(ex_w * per_example)       # == staleness.weighted_mean(per_example, ex_w)
-        grads = jax.grad(loss_fn)(params)
-
-    Sub-batch ``j`` is the contiguous block of examples ``[j * b, (j + 1) * b)`` with ``b = batch / n_sub``;
-    with a batch sharded over ``D`` data-parallel devices and ``n_sub`` a multiple of ``D``, sub-batches are
-    per-device blocks, like SPRINT's per-learner sub-batches. Caveats: the dropped sub-batches are still
-    computed (the emulation trades compute for simplicity) and consumed from the input stream, so count
-    "examples seen" as ``sum_t K_t * b``; batch-norm statistics in the forward pass still use the whole
-    batch (mask them too if that matters for the study). The key must be the same on every device (it is,
-    under jit with a replicated key).
-
-    Args:
-        key: PRNG key for this update (e.g. ``fold_in(base_key, step)``).
-        n_sub: Number of sub-batches in the global batch, a positive integer (static).
-        k_distribution: Distribution of ``K``: a pmf array indexed by ``K`` (``k_pmf[k] = P(K = k)``,
-            ``k_pmf[0]`` must be 0, length at most ``n_sub + 1``), a sampler of ``K`` (e.g.
-            ``from_pmf(k_pmf)``, whose values must lie in ``[1, n_sub]``), or an int (constant ``K``).
-
-    Returns:
-        A :class:`MinibatchDraw` ``(weights [n_sub] float32, k int32)``.
-
-    Raises:
-        ValueError: Naming ``n_sub``, ``k_pmf`` or ``k_distribution``.
-    """
-    n_sub = _check_nonneg_int("n_sub", n_sub)
-    if n_sub < 1:
-        raise ValueError(f"n_sub must be a positive integer, got {n_sub}.")
-    k_sampler = _as_k_sampler(n_sub, k_distribution)
-    key_k, key_perm = jax.random.split(key)
-    # Clipping only guards a custom sampler; validated pmf samplers already return values in [1, n_sub].
-    k = jnp.clip(jnp.asarray(k_sampler(key_k), jnp.int32), 1, n_sub)
-    order = jax.random.permutation(key_perm, n_sub)
-    # Sub-batch order[i] is selected iff i < k: a uniformly random subset of size k, with traced k.
-    selected = jnp.zeros((n_sub,), bool).at[order].set(jnp.arange(n_sub) < k)
-    weights = jnp.where(selected, 1.0 / k.astype(jnp.float32), 0.0)
-    return MinibatchDraw(weights=weights, k=k)
-
-
-def example_weights(sub_batch_weights: jax.Array, batch_size: int) -> jax.Array:
-    """Expands per-sub-batch weights ``[n_sub]`` to per-example weights ``[batch_size]``.
-
-    Example ``i`` belongs to sub-batch ``i // (batch_size // n_sub)`` and gets its sub-batch's weight divided
-    by the sub-batch size, so the result sums to ``sum(sub_batch_weights)`` (1 for :func:`minibatch_weights`)
-    and ``sum(example_weights * per_example_loss)`` is the mean loss over the selected examples.
-
-    Args:
-        sub_batch_weights: ``[n_sub]`` weights.
-        batch_size: Global batch size, a multiple of ``n_sub``.
-
-    Returns:
-        float ``[batch_size]`` weights.
-    """
-    n_sub = int(sub_batch_weights.shape[0])
-    batch_size = _check_nonneg_int("batch_size", batch_size)
-    if n_sub == 0 or batch_size % n_sub:
-        raise ValueError(f"batch_size must be a positive multiple of n_sub={n_sub}, got {batch_size}.")
-    per = batch_size // n_sub
-    return jnp.repeat(sub_batch_weights / per, per, total_repeat_length=batch_size)
-
-
-def weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
-    """``sum_i weights[i] * values[i, ...]`` over the leading (batch) axis (a mean if weights sum to 1)."""
-    weights = weights.reshape(weights.shape + (1,) * (values.ndim - 1)).astype(values.dtype)
-    return jnp.sum(weights * values, axis=0)
