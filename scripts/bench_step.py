@@ -1,19 +1,24 @@
 r"""Train-step throughput of the project's own jitted step: images/s, GFLOP/s and % of CPU peak.
 
 Rows: ResNet-20 (32x32, CIFAR-10) at global batch 32 / 128 / 512 and ResNet-50 (224x224, 1000 classes) at 32,
-for each convolution implementation (XLA's own gradient, and jaxsprint.conv's fast one), on 1 device and on
-8 fake CPU devices (a separate process each, since the device count is fixed when JAX starts). FLOPs come from
-XLA's cost analysis of the one-device train step built with XLA's own convolution (the same count for every
-implementation: XLA cannot count inside jaxsprint.native's custom calls). With --torch, the same network in
-PyTorch eager (CPU, all cores) runs in the same process as the JAX rows, with the ratio.
+for each setting of the CPU acceleration switch (``cpu_kernels``: "off" is XLA's own convolution and plain
+BatchNorm, "auto" the jaxsprint.cpu seam), on 1 device and on 8 fake CPU devices (a separate process each,
+since the device count is fixed when JAX starts). FLOPs come from XLA's cost analysis of the one-device train
+step built with the switch off (the same count for every setting: XLA cannot count inside the native kernels'
+custom calls). With --torch, the same network in PyTorch eager (CPU, all cores; scripts/benchlib.py) runs in
+the same process as the JAX rows, with the ratio.
 
 Every configuration of a row is compiled first, then timed in --rounds interleaved rounds of --steps calls
-(median of each round, then median over rounds), so that load from other processes on a shared machine hits
-JAX and PyTorch alike. Page faults per step are counted over the timed calls. The PyTorch step runs under the
-process's allocator policy (jaxsprint/hostmem.py: freed memory retained; one arena with one device, an arena
-per thread with 8).
+(median of each round, then median over rounds; benchlib.interleaved), so that load from other processes on a
+shared machine hits JAX and PyTorch alike. Page faults per step are counted over the timed calls. Every
+configuration (the PyTorch step too) runs under the trainer's default allocator policy
+(``cpu.configure_host_memory("auto")``: freed memory retained; one arena with one device, an arena per thread
+with 8).
 
-  .venv/bin/python scripts/bench_step.py [--torch] [--rows=resnet20:128] [--impls=xla,auto] [--json=out.json]
+  .venv/bin/python scripts/bench_step.py [--torch] [--rows=resnet20:128] [--cpu_kernels=off,auto] [--json=out.json]
+
+The older spelling ``--impls=xla,auto`` (xla = off, fast = require, auto = auto) still works and labels the
+rows with those names.
 
 Peak: 2 cores x 32 fp32 FLOP/cycle (two 256-bit FMA pipes x 8 lanes x 2) x 2.45 GHz = 157 GFLOP/s (--peak_gflops).
 The clock under load is higher than 2.45 GHz (single convolutions have run at 180 GFLOP/s here), so the true
@@ -21,63 +26,79 @@ peak is too and "% peak" overstates the share.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from absl import flags
+
+import benchlib  # noqa: F401  (puts the repository root on sys.path)
+from jaxsprint import cli
+from jaxsprint.errors import ConfigError, check
 
 ALL_ROWS = ["resnet20:32", "resnet20:128", "resnet20:512", "resnet50:32"]
-SHAPES = {"resnet20": (32, 3, 10), "resnet50": (224, 3, 1000)}
+MODES = ("off", "auto", "require")
+LEGACY_IMPLS = {"xla": "off", "fast": "require", "auto": "auto"}  # the conv kinds of the former --impls flag
+
+_ROWS = flags.DEFINE_list("rows", ALL_ROWS, "model:batch rows, model in resnet20, resnet50.")
+_CPU_KERNELS = flags.DEFINE_list("cpu_kernels", ["off", "auto"], "Settings of the CPU acceleration switch to "
+                                 "compare: off, auto, require.")
+_IMPLS = flags.DEFINE_list("impls", None, "Former name of --cpu_kernels, with the former values xla (= off), "
+                           "fast (= require), auto; rows keep these labels. Overrides --cpu_kernels.")
+_DEVICES = flags.DEFINE_list("devices", ["1", "8"], "Device counts (one process each).")
+_STEPS = flags.DEFINE_integer("steps", 3, "Timed calls per round (median; halved for ResNet-50).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved timing rounds (median over rounds).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of the JAX model.")
+_TORCH = flags.DEFINE_bool("torch", False, "Also time PyTorch eager (needs torch installed).")
+_PEAK = flags.DEFINE_float("peak_gflops", 157.0, "Peak GFLOP/s for the % peak column.")
+_JSON = flags.DEFINE_string("json", None, "Write all results here.")
+_WORKER = flags.DEFINE_bool("worker", False, "Internal: run the rows in this process and print JSON.")
 
 
-def _time(fn, steps: int) -> float:
-    """Median seconds per call over `steps` calls (after the caller's warm-up)."""
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def selected() -> list[tuple[str, str]]:
+    """(label, cpu_kernels mode) per configuration, from --impls (former names) or --cpu_kernels."""
+    if _IMPLS.value is not None:
+        for i in _IMPLS.value:
+            check(i in LEGACY_IMPLS, "--impls", i, f"allowed: {', '.join(LEGACY_IMPLS)}")
+        return [(i, LEGACY_IMPLS[i]) for i in _IMPLS.value]
+    for m in _CPU_KERNELS.value:
+        check(m in MODES, "--cpu_kernels", m, f"allowed: {', '.join(MODES)}")
+    return [(m, m) for m in _CPU_KERNELS.value]
 
 
 def network_flops(name: str, classes: int, size: int, channels: int, step_args) -> float | None:
-    """FLOPs of one train step, from XLA's cost analysis of the step built with XLA's own convolution.
+    """FLOPs of one train step, from XLA's cost analysis of the step built with the CPU switch off.
 
-    The same count for every implementation: XLA cannot see inside the native kernels' custom calls
-    (jaxsprint.native), so the step that uses them would be under-counted.
+    The same count for every setting: XLA cannot see inside the native kernels' custom calls, so the step that
+    uses them would be under-counted.
     """
     import jax
     import optax
 
-    from jaxsprint import models, train
+    from jaxsprint import cpu, models, train
 
-    model = models.create_model(name, num_classes=classes, conv_general_dilated=train.conv_fn("xla"))
+    model = models.create_model(name, num_classes=classes, **cpu.acceleration("off").model_kwargs())
     tx = optax.sgd(0.01, momentum=0.9)
     state = jax.eval_shape(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
                            jax.random.key(0))
     step = train.make_train_step(model=model, num_classes=classes)
-    cost = jax.jit(step).lower(state, *step_args).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return float(cost.get("flops", 0.0)) or None
+    return benchlib.compiled_flops(jax.jit(step), state, *step_args)
 
 
-def worker(rows: list[str], impls: list[str], steps: int, rounds: int, dtype: str, with_torch: bool) -> list[dict]:
-    from jaxsprint import hostmem
+def worker(rows: list[str], configs: list[tuple[str, str]], steps: int, rounds: int, dtype: str,
+           with_torch: bool) -> list[dict]:
+    from jaxsprint import cpu
 
-    print(hostmem.configure(), file=sys.stderr, flush=True)  # before JAX starts (jaxsprint/hostmem.py)
+    print(cpu.configure_host_memory("auto"), file=sys.stderr, flush=True)  # before JAX starts
     import jax
     import numpy as np
     import optax
 
     from jaxsprint import models, parallel, train
 
+    if with_torch:
+        benchlib.set_torch_threads()
     out = []
     n_dev = jax.device_count()
     mesh = parallel.make_mesh(-1)
@@ -85,28 +106,25 @@ def worker(rows: list[str], impls: list[str], steps: int, rounds: int, dtype: st
     for row in rows:
         name, batch = row.split(":")
         batch = int(batch)
-        size, channels, classes = SHAPES[name]
+        size, channels, classes = benchlib.SHAPES[name]
         n_steps = steps if name == "resnet20" else max(1, steps // 2)
         rng = np.random.default_rng(0)
         images = jax.device_put(rng.normal(size=(batch, size, size, channels)).astype(np.float32), dat)
         labels = jax.device_put(rng.integers(0, classes, batch).astype(np.int32), dat)
         weights = jax.device_put(np.ones(batch, np.float32), dat)
         flops = network_flops(name, classes, size, channels, (images, labels, weights)) if n_dev == 1 else None
-        # Callables to time: (label, kind) -> fn. Built (and compiled) first, then timed in interleaved rounds
-        # so that load from other processes on the machine hits every configuration alike.
-        fns = {}
-        for impl in impls:
-            model = models.create_model(name, num_classes=classes, dtype=dtype,
-                                        conv_general_dilated=train.conv_fn(impl), native_stats=train.native_stats(impl))
+        fns = {}  # (label, kind) -> callable; all built (and compiled) first, then timed interleaved
+        for label, mode in configs:
+            accel = cpu.acceleration(mode, field="--cpu_kernels")
+            model = models.create_model(name, num_classes=classes, dtype=dtype, **accel.model_kwargs())
             tx = optax.sgd(0.01, momentum=0.9)
             state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
                             out_shardings=rep)(jax.random.key(0))
             step = train.make_train_step(model=model, num_classes=classes, num_shards=n_dev, mesh=mesh)
-            copts = train.compiler_options(impl)
             jstep = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
-                            compiler_options=copts)
+                            compiler_options=accel.compiler_options)
             fwd = jax.jit(lambda v, x: model.apply(v, x, train=False), in_shardings=(rep, dat), out_shardings=dat,
-                          compiler_options=copts)
+                          compiler_options=accel.compiler_options)
             variables = jax.tree.map(lambda a: a.copy(), {"params": state.params, "batch_stats": state.batch_stats})
             holder = {"state": state}
 
@@ -117,144 +135,52 @@ def worker(rows: list[str], impls: list[str], steps: int, rounds: int, dtype: st
             def run_fwd(fwd=fwd, variables=variables):
                 jax.block_until_ready(fwd(variables, images))
 
-            fns[(impl, "fwd")], fns[(impl, "step")] = run_fwd, run_step
+            fns[(label, "fwd")], fns[(label, "step")] = run_fwd, run_step
         if with_torch:
-            fns[("torch", "step")] = torch_step(row)
-        for fn in fns.values():  # compile and warm up
-            fn()
-            fn()
-        times = {key: [] for key in fns}
-        faults = {key: 0 for key in fns}
-        for _ in range(rounds):
-            for key, fn in fns.items():
-                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                times[key].append(_time(fn, n_steps))
-                faults[key] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-        med = {key: statistics.median(v) for key, v in times.items()}
-        torch_ips = batch / med[("torch", "step")] if with_torch else None
-        for impl in impls:
-            step_s, fwd_s = med[(impl, "step")], med[(impl, "fwd")]
-            out.append({"row": row, "impl": impl, "devices": n_dev, "step_s": step_s, "forward_s": fwd_s,
+            fns[("torch", "step")] = benchlib.torch_train_step(name, batch)
+        timed = benchlib.interleaved(fns, rounds=rounds, calls=n_steps)
+        torch_ips = batch / timed[("torch", "step")]["median_s"] if with_torch else None
+        for label, _ in configs:
+            step_s, fwd_s = timed[(label, "step")]["median_s"], timed[(label, "fwd")]["median_s"]
+            out.append({"row": row, "impl": label, "devices": n_dev, "step_s": step_s, "forward_s": fwd_s,
                         "images_per_s": batch / step_s, "train_flops": flops,
-                        "page_faults_per_step": faults[(impl, "step")] / (rounds * n_steps),
+                        "page_faults_per_step": timed[(label, "step")]["page_faults_per_call"],
                         "torch_images_per_s": torch_ips})
             print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
 
 
-def torch_step(row: str):
-    """A callable running one train step of the same network in PyTorch eager (CPU, all cores)."""
-    import torch
-    import torch.nn as tnn
-
-    torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-    class Basic(tnn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.c1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = tnn.BatchNorm2d(cout)
-            self.c2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = tnn.BatchNorm2d(cout)
-            self.proj = None
-            if stride != 1 or cin != cout:
-                self.proj = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            y = torch.relu(self.b1(self.c1(x)))
-            y = self.b2(self.c2(y))
-            return torch.relu(y + (x if self.proj is None else self.proj(x)))
-
-    class Bottleneck(tnn.Module):
-        def __init__(self, cin, width, stride):
-            super().__init__()
-            cout = 4 * width
-            self.body = tnn.Sequential(
-                tnn.Conv2d(cin, width, 1, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(),
-                tnn.Conv2d(width, width, 3, stride, 1, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(),
-                tnn.Conv2d(width, cout, 1, bias=False), tnn.BatchNorm2d(cout))
-            self.proj = None
-            if stride != 1 or cin != cout:
-                self.proj = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            return torch.relu(self.body(x) + (x if self.proj is None else self.proj(x)))
-
-    def resnet20():
-        layers = [tnn.Conv2d(3, 16, 3, 1, 1, bias=False), tnn.BatchNorm2d(16), tnn.ReLU()]
-        cin = 16
-        for i, w in enumerate((16, 32, 64)):
-            for j in range(3):
-                layers.append(Basic(cin, w, 2 if i > 0 and j == 0 else 1))
-                cin = w
-        return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(64, 10))
-
-    def resnet50():
-        layers = [tnn.Conv2d(3, 64, 7, 2, 3, bias=False), tnn.BatchNorm2d(64), tnn.ReLU(), tnn.MaxPool2d(3, 2, 1)]
-        cin = 64
-        for i, (n, w) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512))):
-            for j in range(n):
-                layers.append(Bottleneck(cin, w, 2 if i > 0 and j == 0 else 1))
-                cin = 4 * w
-        return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(2048, 1000))
-
-    name, batch = row.split(":")
-    batch = int(batch)
-    size, channels, classes = SHAPES[name]
-    net = resnet20() if name == "resnet20" else resnet50()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, channels, size, size)
-    y = torch.randint(0, classes, (batch,))
-    loss_fn = tnn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
-        opt.step()
-
-    return step
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=",".join(ALL_ROWS), help="comma-separated model:batch rows")
-    p.add_argument("--impls", default="xla,auto", help="convolution implementations to compare")
-    p.add_argument("--devices", default="1,8", help="device counts (one process each)")
-    p.add_argument("--steps", type=int, default=3, help="timed calls per round (median; halved for ResNet-50)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median over rounds)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--torch", action="store_true", help="also time PyTorch eager (needs torch installed)")
-    p.add_argument("--peak_gflops", type=float, default=157.0)
-    p.add_argument("--json", default=None, help="write all results here")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    rows, impls = args.rows.split(","), args.impls.split(",")
+def main(argv):
+    del argv
+    rows = _ROWS.value
     for r in rows:
-        if r.split(":")[0] not in SHAPES or not r.split(":")[-1].isdigit():
-            p.error(f"invalid --rows entry {r!r}: allowed model:batch with model in {sorted(SHAPES)}")
-    for i in impls:
-        if i not in ("xla", "fast", "auto"):
-            p.error(f"invalid --impls entry {i!r}: allowed xla, fast, auto")
-    if args.steps < 1 or args.rounds < 1:
-        p.error(f"--steps and --rounds must be positive, got {args.steps} and {args.rounds}")
-    if args.worker:
-        print(json.dumps(worker(rows, impls, args.steps, args.rounds, args.dtype, args.torch)))
+        name, _, batch = r.partition(":")
+        check(name in benchlib.SHAPES and batch.isdigit() and int(batch) > 0, "--rows", r,
+              f"allowed: model:batch with model in {', '.join(sorted(benchlib.SHAPES))} and a positive batch")
+    configs = selected()
+    check(_STEPS.value >= 1, "--steps", _STEPS.value, "must be positive")
+    check(_ROUNDS.value >= 1, "--rounds", _ROUNDS.value, "must be positive")
+    for d in _DEVICES.value:
+        check(d.isdigit() and int(d) > 0, "--devices", d, "allowed: positive device counts")
+    if _WORKER.value:
+        print(json.dumps(worker(rows, configs, _STEPS.value, _ROUNDS.value, _DTYPE.value, _TORCH.value)))
         return
     results = []
-    for n in [int(d) for d in args.devices.split(",")]:
+    for n in [int(d) for d in _DEVICES.value]:
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
-        cmd = [sys.executable, __file__, "--worker", f"--rows={args.rows}", f"--impls={args.impls}",
-               f"--steps={args.steps}", f"--rounds={args.rounds}", f"--dtype={args.dtype}"]
-        if args.torch:
-            cmd.append("--torch")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--rows={','.join(rows)}",
+               f"--steps={_STEPS.value}", f"--rounds={_ROUNDS.value}", f"--dtype={_DTYPE.value}",
+               f"--torch={_TORCH.value}"]
+        cmd.append(f"--impls={','.join(_IMPLS.value)}" if _IMPLS.value is not None
+                   else f"--cpu_kernels={','.join(_CPU_KERNELS.value)}")
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode:
-            sys.exit(f"worker with {n} devices failed:\n{r.stderr[-3000:]}")
+            raise ConfigError("--devices", n, f"the worker process failed:\n{r.stderr[-3000:]}")
         results += json.loads(r.stdout.strip().splitlines()[-1])
     flops = {x["row"]: x["train_flops"] for x in results if x["train_flops"]}
     header = ["network:batch", "conv", "devices", "step ms", "fwd ms", "step/fwd", "img/s", "GFLOP/s", "% peak",
               "faults/step"]
-    if args.torch:
+    if _TORCH.value:
         header += ["torch img/s", "vs torch"]
     table = []
     for x in results:
@@ -262,20 +188,15 @@ def main():
         gflops = f / x["step_s"] / 1e9 if f else float("nan")
         line = [x["row"], x["impl"], str(x["devices"]), f"{1000 * x['step_s']:.0f}", f"{1000 * x['forward_s']:.0f}",
                 f"{x['step_s'] / x['forward_s']:.2f}", f"{x['images_per_s']:.1f}", f"{gflops:.1f}",
-                f"{100 * gflops / args.peak_gflops:.1f}", f"{x['page_faults_per_step']:.0f}"]
-        if args.torch:
+                f"{100 * gflops / _PEAK.value:.1f}", f"{x['page_faults_per_step']:.0f}"]
+        if _TORCH.value:
             t = x["torch_images_per_s"]
             line += [f"{t:.1f}", f"{x['images_per_s'] / t:.2f}x"]
         table.append(line)
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
-    print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for r in table:
-        print(" | ".join(c.rjust(w) for c, w in zip(r, widths)))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"results": results}, fh, indent=1)
+    print(benchlib.format_table(header, table))
+    if _JSON.value:
+        benchlib.write_json(_JSON.value, {"results": results})
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)
