@@ -1,11 +1,12 @@
 """Per-layer convolution times of ResNet-20 at batch 128: forward, input gradient, filter gradient.
 
 Shows where a CPU train step loses to PyTorch: each ResNet-20 convolution shape is timed alone, in JAX
-(``xla``: ``lax.conv_general_dilated`` and its own gradient; ``fast``: jaxsprint.conv, jitted with the
-options the trainer uses on this device count) and, with --torch, in PyTorch eager (oneDNN, NCHW).
+(``xla``: ``lax.conv_general_dilated`` and its own gradient; ``fast``: ``jaxsprint.cpu.conv.make_conv("fast")``,
+jitted with the options the trainer uses on this device count) and, with --torch, in PyTorch eager (oneDNN, NCHW).
 
 Each pass is timed as the median of ``--reps`` calls, ``--rounds`` rounds interleaved over the
-implementations (load from other processes hits them alike); the table shows the median over rounds.
+implementations (load from other processes hits them alike; scripts/benchlib.py); the table shows the median
+over rounds.
 Columns, in ms per call:
   fwd        the convolution;
   dx, dw     the input / filter gradient alone. JAX: a jitted VJP returning only that gradient (XLA drops
@@ -18,14 +19,17 @@ count x total over the layers, i.e. the convolution time of one train step.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import sys
-import time
+from absl import flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import benchlib
+from jaxsprint import cli
+from jaxsprint.errors import check
+
+_IMPLS = flags.DEFINE_list("impls", ["xla", "fast"], "JAX implementations: xla, fast.")
+_TORCH = flags.DEFINE_bool("torch", False, "Also time PyTorch eager (needs torch installed).")
+_BATCH = flags.DEFINE_integer("batch", 128, "Batch size of every layer.")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds (median over rounds).")
+_REPS = flags.DEFINE_integer("reps", 5, "Timed calls per round (median).")
 
 # ResNet-20 (CIFAR) convolutions: (H_in, C_in, C_out, kernel, stride, count in the network).
 LAYERS = [
@@ -40,15 +44,6 @@ LAYERS = [
 ]
 
 
-def _median_call(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def jax_passes(impl: str, n: int, h: int, ci: int, co: int, k: int, s: int):
     """Callables for fwd, dx, dw and dx+dw of one layer in JAX (the VJPs do not run the forward)."""
     import jax
@@ -56,10 +51,12 @@ def jax_passes(impl: str, n: int, h: int, ci: int, co: int, k: int, s: int):
     import numpy as np
     from jax import lax
 
-    from jaxsprint import conv as jconv
+    from jaxsprint import cpu
+    from jaxsprint.cpu import conv as cpu_conv
 
-    fn = lax.conv_general_dilated if impl == "xla" else jconv.make_conv("fast")
-    opts = jconv.compiler_options("xla" if impl == "xla" else "fast")
+    fn = lax.conv_general_dilated if impl == "xla" else cpu_conv.make_conv("fast")
+    # The options a trainer with the switch at "auto" jits its step with (None on several devices).
+    opts = None if impl == "xla" else cpu.acceleration("auto").compiler_options
     pad = ((k // 2, k // 2), (k // 2, k // 2))
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((n, h, h, ci), np.float32))
@@ -112,33 +109,25 @@ def torch_passes(n: int, h: int, ci: int, co: int, k: int, s: int):
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impls", default="xla,fast", help="JAX implementations: xla, fast")
-    p.add_argument("--torch", action="store_true", help="also time PyTorch eager (needs torch installed)")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--reps", type=int, default=5)
-    args = p.parse_args()
-    impls = [i for i in args.impls.split(",") if i]
+def main(argv) -> None:
+    del argv
+    impls = [i for i in _IMPLS.value if i]
     for i in impls:
-        if i not in ("xla", "fast"):
-            p.error(f"invalid --impls entry {i!r}: allowed xla, fast")
-    if args.batch < 1 or args.rounds < 1 or args.reps < 1:
-        p.error("--batch, --rounds and --reps must be positive")
+        check(i in ("xla", "fast"), "--impls", i, "allowed: xla, fast")
+    for name, flag in (("--batch", _BATCH), ("--rounds", _ROUNDS), ("--reps", _REPS)):
+        check(flag.value >= 1, name, flag.value, "must be positive")
+    batch, rounds, reps = _BATCH.value, _ROUNDS.value, _REPS.value
 
-    from jaxsprint import hostmem
+    from jaxsprint import cpu
 
-    print(f"# {hostmem.configure()}", flush=True)  # the trainer's allocator policy, before JAX starts
+    print(f"# {cpu.configure_host_memory('auto')}", flush=True)  # the trainer's allocator policy, before JAX starts
     import jax
 
-    if args.torch:
-        import torch
-
-        torch.set_num_threads(os.cpu_count() or 1)
-    names = impls + (["torch"] if args.torch else [])
-    print(f"# batch {args.batch}; {jax.device_count()} JAX device(s); median over {args.rounds} interleaved "
-          f"rounds of the median of {args.reps} calls; ms per call")
+    if _TORCH.value:
+        benchlib.set_torch_threads()
+    names = impls + (["torch"] if _TORCH.value else [])
+    print(f"# batch {batch}; {jax.device_count()} JAX device(s); median over {rounds} interleaved "
+          f"rounds of the median of {reps} calls; ms per call")
     cols = ["fwd", "dx", "dw", "total"]
     header = f"{'layer (HxW Cin->Cout kxk s)':28s} {'x':>2s} | " + " | ".join(
         f"{nm:>5s} " + " ".join(f"{c:>6s}" for c in cols) for nm in names)
@@ -146,16 +135,13 @@ def main() -> None:
     print("-" * len(header))
     step_total = {nm: 0.0 for nm in names}
     for h, ci, co, k, s, count in LAYERS:
-        fns = {nm: (torch_passes(args.batch, h, ci, co, k, s) if nm == "torch"
-                    else jax_passes(nm, args.batch, h, ci, co, k, s)) for nm in names}
-        res = {nm: {c: [] for c in fns[nm]} for nm in names}
-        for _ in range(args.rounds):
-            for nm in names:
-                for c, f in fns[nm].items():
-                    res[nm][c].append(_median_call(f, args.reps))
+        fns = {nm: (torch_passes(batch, h, ci, co, k, s) if nm == "torch"
+                    else jax_passes(nm, batch, h, ci, co, k, s)) for nm in names}
+        timed = benchlib.interleaved({(nm, c): f for nm in names for c, f in fns[nm].items()}, rounds=rounds,
+                                     calls=reps, warmup=0)  # jax_passes/torch_passes warmed up already
         cells = []
         for nm in names:
-            m = {c: 1e3 * statistics.median(v) for c, v in res[nm].items()}
+            m = {c: 1e3 * timed[(nm, c)]["median_s"] for c in fns[nm]}
             if nm == "torch":
                 row = {"fwd": m["fwd"], "dx": m["fwd+dx"] - m["fwd"], "dw": m["fwd+dw"] - m["fwd"],
                        "total": m["fwd+dx+dw"]}
@@ -170,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)
