@@ -1,37 +1,37 @@
 r"""Final Polishing cost on the default (demo) model: pass throughput beside the train step, and the whole
 pass (iterated to convergence over the training set) as a fraction of one training epoch.
 
+The train step and the polishing forward pass are timed alike (scripts/benchlib.py: warm-up, then --rounds
+interleaved rounds of the median of --steps calls); the whole polish runs once.
+
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python scripts/bench_polish.py [--steps=10]
 """
-import argparse
-import os
-import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+
+import benchlib
+from jaxsprint import cli
+from jaxsprint.errors import check
+
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed calls per round (median).")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Interleaved timing rounds (median over rounds).")
 
 
-def _median_time(fn, n):
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def main(argv):
+    del argv
+    check(_STEPS.value >= 1, "--steps", _STEPS.value, "must be positive")
+    check(_ROUNDS.value >= 1, "--rounds", _ROUNDS.value, "must be positive")
+    from experiments.configs import default
+    from jaxsprint import cpu
 
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=10)
-    args = p.parse_args()
+    config = default.get_config()
+    print(cpu.configure_host_memory(config.cpu_kernels), flush=True)  # as the trainer does, before JAX starts
     import jax
     import numpy as np
 
-    from experiments.configs import default
     from jaxsprint import parallel, polish, train
 
-    config = default.get_config()
     exp = train.build_experiment(config)
     b = exp.hp.global_batch
     state = exp.init_state()
@@ -44,31 +44,29 @@ def main():
         holder["s"], m = exp.train_step(holder["s"], images, arrays["label"], arrays["w"])
         jax.block_until_ready(m["loss"])
 
-    moments = polish.jit_moments_fn(exp.model, exp.mesh)
-    variables = {"params": state.params, "batch_stats": state.batch_stats}
-    variables = jax.tree.map(lambda a: a.copy(), variables)
+    moments = polish.jit_moments_fn(exp.model, exp.mesh, compiler_options=exp.accel.compiler_options)
+    variables = jax.tree.map(lambda a: a.copy(), {"params": state.params, "batch_stats": state.batch_stats})
 
     def fwd():
         jax.block_until_ready(moments(variables, images, arrays["m"]))
 
-    step(), fwd()
-    t_step, t_fwd = _median_time(step, args.steps), _median_time(fwd, args.steps)
+    timed = benchlib.interleaved({"step": step, "fwd": fwd}, rounds=_ROUNDS.value, calls=_STEPS.value, warmup=1)
+    t_step, t_fwd = timed["step"]["median_s"], timed["fwd"]["median_s"]
     info = {}
     t0 = time.perf_counter()
-    train.run_polish(exp, holder["s"], info)
+    exp.polish(holder["s"], info)
     t_pass = time.perf_counter() - t0
     epoch_s = t_step * exp.hp.steps_per_epoch
     print(f"default model ({config.model}, {config.image_size}x{config.image_size}, batch {b}, "
           f"{exp.mesh.size} devices)")
-    print(f"{'what':<44} | {'value':>12}")
-    print(f"{'train step':<44} | {b / t_step:8.0f} img/s")
-    print(f"{'polishing forward pass (moments)':<44} | {b / t_fwd:8.0f} img/s")
-    print(f"{'ratio pass / train step':<44} | {t_step / t_fwd:11.2f}x")
-    print(f"{'whole polish (' + str(info['passes']) + ' passes x ' + str(exp.dataset.num_train) + ' images)':<44}"
-          f" | {t_pass:10.2f} s")
-    print(f"{'one training epoch (' + str(exp.hp.steps_per_epoch) + ' steps)':<44} | {epoch_s:10.2f} s")
-    print(f"{'polish / epoch':<44} | {t_pass / epoch_s:11.2f}x")
+    print(benchlib.format_table(["what", "value"], [
+        ["train step", f"{b / t_step:8.0f} img/s"],
+        ["polishing forward pass (moments)", f"{b / t_fwd:8.0f} img/s"],
+        ["ratio pass / train step", f"{t_step / t_fwd:11.2f}x"],
+        [f"whole polish ({info['passes']} passes x {exp.dataset.num_train} images)", f"{t_pass:10.2f} s"],
+        [f"one training epoch ({exp.hp.steps_per_epoch} steps)", f"{epoch_s:10.2f} s"],
+        ["polish / epoch", f"{t_pass / epoch_s:11.2f}x"]]))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)
