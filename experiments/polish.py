@@ -15,53 +15,48 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxsprint.errors import JaxsprintError  # noqa: E402
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import CheckpointError, ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's ml_collections config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory (with checkpoints/).")
 
 
 def main(argv):
-    del argv
-    quiet = not flags.FLAGS["verbosity"].present
-    try:
-        import jax
-        import orbax.checkpoint as ocp
+    if len(argv) > 1:
+        raise ConfigError("arguments", argv[1:], "none besides flags")
+    if _CONFIG.value is None or not _WORKDIR.value:
+        raise ConfigError("--config/--workdir", (_CONFIG.value is not None, _WORKDIR.value),
+                          "both are required")
+    ckpt_dir = os.path.join(_WORKDIR.value, "checkpoints")
+    if not os.path.isdir(ckpt_dir):
+        raise CheckpointError("--workdir", _WORKDIR.value, "it holds no checkpoints/ directory")
+    import jax
+    import orbax.checkpoint as ocp
 
-        from jaxsprint import hostmem, train
+    from jaxsprint import cpu, metrics, train
 
-        hostmem.configure()  # before JAX starts its threads (see jaxsprint/hostmem.py)
-
-        if quiet:
-            logging.set_verbosity(logging.WARNING)
-        if _CONFIG.value is None or not _WORKDIR.value:
-            raise JaxsprintError("--config and --workdir are required")
-        ckpt_dir = os.path.join(_WORKDIR.value, "checkpoints")
-        if not os.path.isdir(ckpt_dir):
-            raise JaxsprintError(f"invalid --workdir={_WORKDIR.value!r}: it holds no checkpoints/ directory")
-        exp = train.build_experiment(_CONFIG.value)
-        state = exp.init_state()
-        manager = train._checkpoint_manager(_WORKDIR.value, _CONFIG.value.keep_checkpoints)
-        template = {"polished_batch_stats": state.batch_stats, "polished": jax.numpy.zeros((), jax.numpy.int32)}
-        restored = train.restore_checkpoint(manager, state, template)
-        if restored is None:
-            raise JaxsprintError(f"invalid --workdir={_WORKDIR.value!r}: no checkpoint found in {ckpt_dir}")
-        state, _, step = restored
-        before = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
-        t0 = time.time()
-        info = {}
-        stats = train.run_polish(exp, state, info)
-        seconds = time.time() - t0
-        after = exp.evaluate({"params": state.params, "batch_stats": stats})
-    except JaxsprintError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cpu.configure_host_memory(_CONFIG.value.cpu_kernels)  # before JAX starts its threads
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    exp = train.build_experiment(_CONFIG.value)
+    restored = train.load_checkpoint(exp, _WORKDIR.value)
+    if restored is None:
+        raise CheckpointError("--workdir", _WORKDIR.value, f"no checkpoint found in {ckpt_dir}")
+    state, step, _ = restored
+    before = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
+    t0 = time.time()
+    info = {}
+    stats = exp.polish(state, info)
+    seconds = time.time() - t0
+    after = exp.evaluate({"params": state.params, "batch_stats": stats})
     result = {"step": int(step), "ema_accuracy": before["accuracy"], "ema_loss": before["loss"],
               "polished_accuracy": after["accuracy"], "polished_loss": after["loss"], "polish_time_s": seconds,
-              "num_samples": _CONFIG.value.polish.num_samples, "num_passes": info["passes"], "last_change": info["change"]}
+              "num_samples": _CONFIG.value.polish.num_samples, "num_passes": info["passes"],
+              "last_change": info["change"]}
     out_dir = os.path.abspath(os.path.join(_WORKDIR.value, "polished_batch_stats"))
     if jax.process_index() == 0:
         with open(os.path.join(_WORKDIR.value, "polish.json"), "w") as f:
@@ -69,7 +64,7 @@ def main(argv):
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(out_dir, jax.device_get(stats), force=True)
     ckptr.wait_until_finished()
-    print(train._summary_table([
+    print(metrics.summary_table([
         ("checkpoint step", str(step)),
         ("eval top-1, EMA statistics", f"{100 * before['accuracy']:.2f}%"),
         ("eval top-1, polished statistics", f"{100 * after['accuracy']:.2f}%"),
@@ -79,6 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from jaxsprint.cli import parse_flags
-
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

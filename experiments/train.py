@@ -11,10 +11,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxsprint.errors import JaxsprintError  # noqa: E402
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.",
                                           lock_config=True)
@@ -26,32 +27,23 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-pro
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    quiet = not flags.FLAGS["verbosity"].present
-    try:
-        from jaxsprint import hostmem, parallel, train
+        raise ConfigError("arguments", argv[1:], "none besides flags")
+    if _CONFIG.value is None:
+        raise ConfigError("--config", None, "a config file is required (e.g. experiments/configs/default.py)")
+    if not _WORKDIR.value:
+        raise ConfigError("--workdir", _WORKDIR.value, "a directory is required")
+    from jaxsprint import cpu, metrics, parallel, train
 
-        allocator = hostmem.configure()  # before JAX starts its threads (see jaxsprint/hostmem.py)
-
-        if quiet:  # libraries (orbax) log every save at INFO; set after their imports, which reset it
-            logging.set_verbosity(logging.WARNING)
-
-        if _CONFIG.value is None:
-            raise JaxsprintError("--config is required (e.g. --config=experiments/configs/default.py)")
-        if not _WORKDIR.value:
-            raise JaxsprintError("--workdir is required")
-        parallel.maybe_initialize_distributed(coordinator_address=_COORD.value, num_processes=_NPROC.value,
-                                              process_id=_PID.value)
-        logging.info(allocator)
-        summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except JaxsprintError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(train.format_summary(summary))
+    allocator = cpu.configure_host_memory(_CONFIG.value.cpu_kernels)  # before JAX starts its threads
+    if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO
+        logging.set_verbosity(logging.WARNING)
+    parallel.maybe_initialize_distributed(coordinator_address=_COORD.value, num_processes=_NPROC.value,
+                                          process_id=_PID.value)
+    logging.info(allocator)
+    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    print(metrics.format_summary(summary))
     logging.info("summary written to %s", os.path.join(_WORKDIR.value, "summary.json"))
 
 
 if __name__ == "__main__":
-    from jaxsprint.cli import parse_flags
-
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

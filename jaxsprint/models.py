@@ -10,14 +10,9 @@ BatchNorm reduction (`bn_group_size`):
 Running statistics are updated from the mean over groups of the group means and (biased) variances, so they
 are one array, identical on every device.
 
-With ``native_stats`` (the CPU fast path: ``jaxsprint.train.native_stats``), the global batch, no mask and
-float32 with channels a multiple of 16 on the CPU backend, BatchNorm's training pass runs in
-``jaxsprint.native``: the mean and second central moment in one pass over the input, the output
-``relu(x * a + b + residual)`` in one pass (blocks hand BatchNorm their shortcut and ReLU), and in the backward
-pass the two sums of the gradient (``sum g`` and ``sum g * x``) in one pass. XLA:CPU reads its operands once
-per sum, materializes ``x - mean``, and re-fuses each block's output into every ReLU mask of the backward
-pass, recomputing the residual stream from the stage's first convolution. The values are those of the
-two-pass formula either way (up to float rounding).
+The blocks read as the papers write them, ``relu(bn(conv(x)) + shortcut)``, in plain JAX. On the CPU backend
+:mod:`jaxsprint.cpu` may swap in its fused BatchNorm and blocks (same parameter names, same values up to float
+rounding) through `create_model`'s ``norm_cls`` and ``block_overrides``; nothing here depends on it.
 
 When the ``bn_moments`` collection is mutable, every BatchNorm sows the exact sufficient statistics of its
 input over the (masked) batch -- ``(count, mean, M2)`` in float32 -- which `jaxsprint.polish` merges into
@@ -30,7 +25,7 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -61,76 +56,6 @@ def _masked_moments(x: Array, axes: tuple[int, ...], mask: Array | None) -> tupl
     return count, mean, m2
 
 
-def _native_stats_ok(x: Array) -> bool:
-    """Whether BatchNorm's sums over ``x`` can run in jaxsprint.native (CPU backend, float32, C % 16 == 0)."""
-    from jaxsprint import native
-
-    return (jax.default_backend() == "cpu" and native.channel_stats_supported(x.shape, x.dtype)
-            and native.available())
-
-
-@jax.custom_vjp
-def _native_moments(x: Array) -> tuple[Array, Array]:
-    """(mean, biased variance) of float32 ``x`` over every axis but the last, in one native pass."""
-    from jaxsprint import native
-
-    n = x.size // x.shape[-1]
-    stats = native.channel_moments(x) / n
-    return stats[0], stats[1]
-
-
-def _native_moments_fwd(x):
-    mean, var = _native_moments(x)
-    return (mean, var), (x, mean)
-
-
-def _native_moments_bwd(res, g):
-    x, mean = res
-    g_mean, g_var = g
-    n = x.size // x.shape[-1]
-    # d mean / dx = 1 / n, d var / dx = 2 (x - mean) / n: fused by XLA into the rest of x's gradient.
-    return (g_mean / n + (2.0 / n) * g_var * (x - mean),)
-
-
-_native_moments.defvjp(_native_moments_fwd, _native_moments_bwd)
-
-
-def _native_bn_act_fwd(x, a, b, r, relu):
-    from jaxsprint import native
-
-    y = native.affine_act(x, a, b, r, relu=relu)
-    return y, (x, a, y if relu else None)
-
-
-def _native_bn_act_bwd(relu, res, g, with_residual):
-    from jaxsprint import native
-
-    x, a, y = res
-    g = jnp.where(y > 0, g, 0.0) if relu else g  # the ReLU's mask, read from its stored output
-    sums = native.channel_products(g, x)  # (sum g, sum g * x) in one pass
-    grads = (g * a, sums[1], sums[0])
-    return grads + (g,) if with_residual else grads
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _native_bn_act(x: Array, a: Array, b: Array, relu: bool) -> Array:
-    """``x * a + b`` per channel, through ReLU if ``relu``: BatchNorm's training output, natively."""
-    return _native_bn_act_fwd(x, a, b, None, relu)[0]
-
-
-_native_bn_act.defvjp(lambda x, a, b, relu: _native_bn_act_fwd(x, a, b, None, relu),
-                      lambda relu, res, g: _native_bn_act_bwd(relu, res, g, False))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _native_bn_add_act(x: Array, a: Array, b: Array, r: Array, relu: bool) -> Array:
-    """``x * a + b + r``, through ReLU if ``relu`` (a residual block's output), natively."""
-    return _native_bn_act_fwd(x, a, b, r, relu)[0]
-
-
-_native_bn_add_act.defvjp(_native_bn_act_fwd, lambda relu, res, g: _native_bn_act_bwd(relu, res, g, True))
-
-
 class BatchNorm(nn.Module):
     """BatchNorm over the global batch or over groups of `group_size` examples (see module docstring).
 
@@ -140,8 +65,6 @@ class BatchNorm(nn.Module):
       dtype: output dtype; statistics are always computed in float32.
       group_size: None for global statistics, else the number of examples per normalisation group.
       scale_init: initialiser of the scale (zeros for the last BN of a residual block when asked).
-      native_stats: run the sums of the global-batch statistics and of their gradient in jaxsprint.native
-        where they can run (see the module docstring); the same values either way, up to float rounding.
     """
 
     momentum: float = 0.9
@@ -149,61 +72,24 @@ class BatchNorm(nn.Module):
     dtype: Any = jnp.float32
     group_size: int | None = None
     scale_init: Callable = nn.initializers.ones
-    native_stats: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, *, use_running_average: bool, mask: Array | None = None,
-                 residual: Array | None = None, relu: bool = False) -> Array:
-        """The normalised ``x``, plus ``residual`` if given, through ReLU if ``relu`` (a residual block's
-        ``relu(bn(y) + shortcut)`` in one call, so that the native path can compute it in one pass)."""
-        c = x.shape[-1]
-        ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((c,), jnp.float32))
-        ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((c,), jnp.float32))
-        scale = self.param("scale", self.scale_init, (c,), jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
-
-        # Exact moments of this layer's input over the whole (masked) batch, for Final Polishing. Under jit
-        # with a sharded batch these are global sums, so the split over devices does not change them.
-        if self.is_mutable_collection("bn_moments"):
-            self.sow("bn_moments", "moments", _masked_moments(x, tuple(range(x.ndim - 1)), mask),
-                     reduce_fn=lambda prev, new: new, init_fn=lambda: ())
-
-        def finish(y: Array) -> Array:
-            y = y.astype(self.dtype)
-            if residual is not None:
-                y = residual + y
-            return nn.relu(y) if relu else y
-
+    def __call__(self, x: Array, *, use_running_average: bool, mask: Array | None = None) -> Array:
+        """``(x - mean) / sqrt(var + epsilon) * scale + bias`` per channel, in `dtype`."""
+        ra_mean, ra_var, scale, bias = self._variables(x, mask)
         if use_running_average:
-            mean, var = ra_mean.value, ra_var.value
-            inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            return finish(x.astype(jnp.float32) * inv + (bias - mean * inv))
-
-        reduce_axes = tuple(range(x.ndim - 1))
+            inv = scale * jax.lax.rsqrt(ra_var.value + self.epsilon)
+            return (x.astype(jnp.float32) * inv + (bias - ra_mean.value * inv)).astype(self.dtype)
         xf = x.astype(jnp.float32)
         n = x.shape[0]
-        native = False
         if self.group_size is None or self.group_size >= n:
-            native = (mask is None and self.native_stats and _native_stats_ok(x)
-                      and jnp.dtype(self.dtype) == jnp.float32
-                      and (residual is None or residual.dtype == jnp.float32))
-            if native:
-                mean, var = _native_moments(xf)
-            elif mask is None:
-                mean = jnp.mean(xf, axis=reduce_axes)
-                var = jnp.mean(jnp.square(xf - mean), axis=reduce_axes)
+            if mask is None:
+                mean, var = global_moments(xf)
             else:
-                count, mean, m2 = _masked_moments(xf, reduce_axes, mask)
+                count, mean, m2 = _masked_moments(xf, tuple(range(x.ndim - 1)), mask)
                 var = m2 / jnp.maximum(count, 1.0)
             inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            shift = bias - mean * inv
-            if not native:
-                y = xf * inv + shift
-            elif residual is None:
-                y = _native_bn_act(xf, inv, shift, relu)
-            else:
-                y = _native_bn_add_act(xf, inv, shift, residual, relu)
-            batch_mean, batch_var = mean, var
+            y = xf * inv + (bias - mean * inv)
         else:
             if mask is not None:
                 raise ValueError("a mask is only supported with global BatchNorm statistics")
@@ -212,18 +98,43 @@ class BatchNorm(nn.Module):
                 raise ValueError(f"batch {n} is not a multiple of the BatchNorm group size {g}")
             xg = xf.reshape((n // g, g) + x.shape[1:])
             gaxes = tuple(range(1, xg.ndim - 1))
-            mean = jnp.mean(xg, axis=gaxes, keepdims=True)
-            var = jnp.mean(jnp.square(xg - mean), axis=gaxes, keepdims=True)
-            inv = scale * jax.lax.rsqrt(var + self.epsilon)
-            y = (xg * inv + (bias - mean * inv)).reshape(x.shape)
-            batch_mean = jnp.mean(mean.reshape(n // g, c), axis=0)
-            batch_var = jnp.mean(var.reshape(n // g, c), axis=0)
+            gmean = jnp.mean(xg, axis=gaxes, keepdims=True)
+            gvar = jnp.mean(jnp.square(xg - gmean), axis=gaxes, keepdims=True)
+            inv = scale * jax.lax.rsqrt(gvar + self.epsilon)
+            y = (xg * inv + (bias - gmean * inv)).reshape(x.shape)
+            mean = jnp.mean(gmean.reshape(n // g, -1), axis=0)
+            var = jnp.mean(gvar.reshape(n // g, -1), axis=0)
+        self._update_running(ra_mean, ra_var, mean, var)
+        return y.astype(self.dtype)
 
+    def _variables(self, x: Array, mask: Array | None):
+        """The running statistics, scale and bias of a ``[..., C]`` input; sows the input's exact moments when
+        the ``bn_moments`` collection is mutable (Final Polishing). Called from ``__call__`` (and from the
+        fused BatchNorm of :mod:`jaxsprint.cpu.fused`, which shares these variables and their names)."""
+        c = x.shape[-1]
+        ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((c,), jnp.float32))
+        ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((c,), jnp.float32))
+        scale = self.param("scale", self.scale_init, (c,), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+        # Exact moments of this layer's input over the whole (masked) batch, for Final Polishing. Under jit
+        # with a sharded batch these are global sums, so the split over devices does not change them.
+        if self.is_mutable_collection("bn_moments"):
+            self.sow("bn_moments", "moments", _masked_moments(x, tuple(range(x.ndim - 1)), mask),
+                     reduce_fn=lambda prev, new: new, init_fn=lambda: ())
+        return ra_mean, ra_var, scale, bias
+
+    def _update_running(self, ra_mean, ra_var, batch_mean: Array, batch_var: Array) -> None:
         if not self.is_initializing():
             m = self.momentum
             ra_mean.value = m * ra_mean.value + (1.0 - m) * batch_mean
             ra_var.value = m * ra_var.value + (1.0 - m) * batch_var
-        return y if native else finish(y)
+
+
+def global_moments(xf: Array) -> tuple[Array, Array]:
+    """(mean, biased variance) of float32 ``xf`` over every axis but the last: the exact two-pass formula."""
+    axes = tuple(range(xf.ndim - 1))
+    mean = jnp.mean(xf, axis=axes)
+    return mean, jnp.mean(jnp.square(xf - mean), axis=axes)
 
 
 class BasicBlock(nn.Module):
@@ -239,14 +150,13 @@ class BasicBlock(nn.Module):
     def __call__(self, x, *, train: bool, mask=None):
         residual = x
         y = self.conv(self.filters, (3, 3), (self.strides, self.strides))(x)
-        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
+        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
         y = self.conv(self.filters, (3, 3))(y)
         if residual.shape != y.shape:
             residual = self.conv(self.filters, (1, 1), (self.strides, self.strides), name="proj_conv")(x)
             residual = self.norm(name="proj_bn")(residual, use_running_average=not train, mask=mask)
         last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
-        return self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask, residual=residual,
-                                               relu=True)
+        return nn.relu(self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask) + residual)
 
 
 class BottleneckBlock(nn.Module):
@@ -262,16 +172,15 @@ class BottleneckBlock(nn.Module):
     def __call__(self, x, *, train: bool, mask=None):
         residual = x
         y = self.conv(self.filters, (1, 1))(x)
-        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
+        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
         y = self.conv(self.filters, (3, 3), (self.strides, self.strides))(y)
-        y = self.norm()(y, use_running_average=not train, mask=mask, relu=True)
+        y = nn.relu(self.norm()(y, use_running_average=not train, mask=mask))
         y = self.conv(self.filters * 4, (1, 1))(y)
         if residual.shape != y.shape:
             residual = self.conv(self.filters * 4, (1, 1), (self.strides, self.strides), name="proj_conv")(x)
             residual = self.norm(name="proj_bn")(residual, use_running_average=not train, mask=mask)
         last_init = nn.initializers.zeros if self.zero_init_last_bn else nn.initializers.ones
-        return self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask, residual=residual,
-                                               relu=True)
+        return nn.relu(self.norm(scale_init=last_init)(y, use_running_average=not train, mask=mask) + residual)
 
 
 class ResNet(nn.Module):
@@ -286,8 +195,8 @@ class ResNet(nn.Module):
       dtype: compute dtype of convolutions and activations (parameters stay float32).
       bn_momentum, bn_epsilon, bn_group_size: see `BatchNorm`.
       zero_init_last_bn: start every residual branch at zero (Goyal et al. 2017).
-      conv_general_dilated: the convolution primitive (None = lax.conv_general_dilated); see jaxsprint.conv.
-      native_stats: BatchNorm sums in jaxsprint.native where they can run (see `BatchNorm`).
+      conv_general_dilated: the convolution primitive (None = lax.conv_general_dilated).
+      norm_cls: the BatchNorm module (`BatchNorm`; the CPU seam passes its fused one).
     """
 
     stage_sizes: Sequence[int]
@@ -301,23 +210,23 @@ class ResNet(nn.Module):
     bn_group_size: int | None = None
     zero_init_last_bn: bool = False
     conv_general_dilated: Callable | None = None
-    native_stats: bool = False
+    norm_cls: ModuleDef = BatchNorm
 
     @nn.compact
     def __call__(self, x, *, train: bool, mask=None):
         conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, padding="SAME",
                                  kernel_init=nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                                  conv_general_dilated=self.conv_general_dilated)
-        norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
-                                 dtype=self.dtype, group_size=self.bn_group_size, native_stats=self.native_stats)
+        norm = functools.partial(self.norm_cls, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
+                                 dtype=self.dtype, group_size=self.bn_group_size)
         x = x.astype(self.dtype)
         if self.stem == "imagenet":
             x = conv(self.widths[0], (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="stem_conv")(x)
-            x = norm(name="stem_bn")(x, use_running_average=not train, mask=mask, relu=True)
+            x = nn.relu(norm(name="stem_bn")(x, use_running_average=not train, mask=mask))
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
         else:
             x = conv(self.widths[0], (3, 3), name="stem_conv")(x)
-            x = norm(name="stem_bn")(x, use_running_average=not train, mask=mask, relu=True)
+            x = nn.relu(norm(name="stem_bn")(x, use_running_average=not train, mask=mask))
         for i, (blocks, width) in enumerate(zip(self.stage_sizes, self.widths)):
             for j in range(blocks):
                 strides = 2 if i > 0 and j == 0 else 1
@@ -339,17 +248,17 @@ class TinyNet(nn.Module):
     bn_group_size: int | None = None
     zero_init_last_bn: bool = False
     conv_general_dilated: Callable | None = None
-    native_stats: bool = False
+    norm_cls: ModuleDef = BatchNorm
 
     @nn.compact
     def __call__(self, x, *, train: bool, mask=None):
-        norm = functools.partial(BatchNorm, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
-                                 dtype=self.dtype, group_size=self.bn_group_size, native_stats=self.native_stats)
+        norm = functools.partial(self.norm_cls, momentum=self.bn_momentum, epsilon=self.bn_epsilon,
+                                 dtype=self.dtype, group_size=self.bn_group_size)
         x = x.astype(self.dtype)
         for i in range(2):
             x = nn.Conv(self.width * (i + 1), (3, 3), strides=(i + 1, i + 1), use_bias=not self.use_bn,
                         dtype=self.dtype, conv_general_dilated=self.conv_general_dilated)(x)
-            x = norm()(x, use_running_average=not train, mask=mask, relu=True) if self.use_bn else nn.relu(x)
+            x = nn.relu(norm()(x, use_running_average=not train, mask=mask) if self.use_bn else x)
         x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=jnp.float32)(x)
 
@@ -378,7 +287,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def create_model(name: str, *, num_classes: int, dtype: str = "float32", bn_momentum: float = 0.9,
                  bn_epsilon: float = 1e-5, bn_group_size: int | None = None, zero_init_last_bn: bool = False,
-                 conv_general_dilated: Callable | None = None, native_stats: bool = False) -> nn.Module:
+                 conv_general_dilated: Callable | None = None, norm_cls: ModuleDef | None = None,
+                 block_overrides: Mapping[type, type] | None = None) -> nn.Module:
     """Builds a model of the zoo by name.
 
     Args:
@@ -389,17 +299,38 @@ def create_model(name: str, *, num_classes: int, dtype: str = "float32", bn_mome
       bn_group_size: None (global statistics) or examples per BN group (see `BatchNorm`).
       zero_init_last_bn: zero-initialise the last BN scale of each residual block.
       conv_general_dilated: convolution primitive to use (None: XLA's).
-      native_stats: BatchNorm's sums in jaxsprint.native on the CPU backend where they can run (see
-        `BatchNorm`); ``jaxsprint.train.native_stats(impl)`` says when a conv kind wants them.
+      norm_cls: BatchNorm module to use (None: `BatchNorm`).
+      block_overrides: replacement residual block classes (e.g. ``{BasicBlock: FusedBasicBlock}``).
+      The last three come from the CPU seam: ``jaxsprint.cpu.acceleration(mode).model_kwargs()``; its blocks
+      and BatchNorm keep the parameter names of the plain ones, so checkpoints are interchangeable.
 
     Raises:
       ConfigError: unknown name or dtype.
     """
+    validate_config_fields(name, dtype)
+    ctor, fixed = MODELS[name]
+    fixed = dict(fixed)
+    if block_overrides and "block_cls" in fixed:
+        fixed["block_cls"] = block_overrides.get(fixed["block_cls"], fixed["block_cls"])
+    return ctor(num_classes=num_classes, dtype=DTYPES[dtype], bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+                bn_group_size=bn_group_size, zero_init_last_bn=zero_init_last_bn,
+                conv_general_dilated=conv_general_dilated, norm_cls=norm_cls or BatchNorm, **fixed)
+
+
+def validate_config_fields(name: str, dtype: str) -> None:
+    """Checks a model name and compute dtype (``config.model``, ``config.dtype``)."""
     if name not in MODELS:
         raise ConfigError("config.model", name, f"allowed: {', '.join(sorted(MODELS))}")
     if dtype not in DTYPES:
         raise ConfigError("config.dtype", dtype, f"allowed: {', '.join(DTYPES)}")
-    ctor, fixed = MODELS[name]
-    return ctor(num_classes=num_classes, dtype=DTYPES[dtype], bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-                bn_group_size=bn_group_size, zero_init_last_bn=zero_init_last_bn,
-                conv_general_dilated=conv_general_dilated, native_stats=native_stats, **fixed)
+
+
+def validate_config(config) -> None:
+    """Checks the model part of a training config: ``config.model``, ``config.dtype``, ``config.bn.momentum``
+    and ``config.bn.epsilon`` (BatchNorm's reduction is checked by :mod:`jaxsprint.parallel`)."""
+    validate_config_fields(config.model, config.dtype)
+    m, eps = config.bn.momentum, config.bn.epsilon
+    if not (isinstance(m, (int, float)) and 0.0 <= m < 1.0):
+        raise ConfigError("config.bn.momentum", m, "allowed: a number with 0 <= momentum < 1")
+    if not (isinstance(eps, (int, float)) and 0.0 < eps < float("inf")):
+        raise ConfigError("config.bn.epsilon", eps, "allowed: a finite number > 0")

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = "resnet20"
     c.dtype = "float32"             # compute dtype: float32 or bfloat16
     c.zero_init_last_bn = True
-    c.conv_impl = "auto"            # "xla", "fast" (jaxsprint.conv custom VJP) or "auto" (fast on CPU only)
+    c.cpu_kernels = "auto"          # "auto", "off" or "require": the CPU acceleration (jaxsprint/cpu)
     c.bn = ml_collections.ConfigDict()
     c.bn.momentum = 0.9
     c.bn.epsilon = 1e-5

@@ -14,7 +14,7 @@ What this module does (values and gradients equal to lax's up to float summation
 * forward: ``lax.conv_general_dilated`` itself, except in float32 on CPU for
   - 3x3 stride-1 layers with input and output channels multiples of 16 (every 3x3 layer of ResNet-20 but
     the stem and the two strided ones; ResNet-50's 3x3 layers but the strided ones): Winograd's F(2x2, 3x3)
-    in the native kernels of :mod:`jaxsprint.native`, 2.25x fewer multiplications (measured 1.2-3x faster
+    in the native kernels of :mod:`jaxsprint.cpu.kernels`, 2.25x fewer multiplications (measured 1.2-3x faster
     than XLA's convolution per layer, ``scripts/bench_conv_layers.py``);
   - other layers with 16 output channels from at most 16 input channels (the ResNet-20 stem): the native
     direct kernel (measured 15-70 % faster than XLA's Eigen convolution there);
@@ -45,7 +45,7 @@ What this module does (values and gradients equal to lax's up to float summation
     elementwise chain that produced it. Its result is exact whatever the predicate.
 
 The native kernel is compiled on first use (a C++ compiler is needed; without one, or with
-``JAXSPRINT_NATIVE=off``, the XLA paths above are used) and runs only on the CPU backend.
+``JAXSPRINT_CPU_KERNELS=off``, the XLA paths above are used) and runs only on the CPU backend.
 
 The fast path covers what ResNets use: NHWC input, HWIO kernel, NHWC output (the layout that
 ``flax.linen.Conv`` passes), ``feature_group_count == batch_group_count == 1``, no dilation, any
@@ -68,9 +68,11 @@ forward-over-reverse Hessians), as for any ``jax.custom_vjp`` function; use kind
 
 Usage with flax::
 
-    conv = jaxsprint.conv.make_conv(config.conv)  # "auto" | "fast" | "xla"
+    conv = jaxsprint.cpu.conv.make_conv("auto")  # "auto" | "fast" | "xla"
     y = nn.Conv(64, (3, 3), conv_general_dilated=conv)(x)
-    step = jax.jit(train_step, compiler_options=jaxsprint.conv.compiler_options(config.conv))
+    step = jax.jit(train_step, compiler_options=jaxsprint.cpu.conv.compiler_options("auto"))
+
+Models and training get it through :func:`jaxsprint.cpu.acceleration` instead, which decides once per run.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsprint import native
+from jaxsprint.cpu import kernels as native
 
 __all__ = ["ConvFn", "KINDS", "compiler_options", "conv_general_dilated", "fast_path_supported", "make_conv"]
 
@@ -267,7 +269,7 @@ _NATIVE_DW_MIN_ROWS_PER_OUTPUT = 0.2
 
 
 def _native_filter_grad_ok(x: jax.Array, w: jax.Array, dy: jax.Array) -> bool:
-    """Whether the filter gradient goes to the native CPU kernel (jaxsprint.native)."""
+    """Whether the filter gradient goes to the native CPU kernel (jaxsprint.cpu.kernels)."""
     if not (jax.default_backend() == "cpu" and x.dtype == w.dtype == dy.dtype
             and native.supported(x.shape, dy.shape, x.dtype, w.shape[:2])):
         return False

@@ -25,8 +25,9 @@ buffers every step wants. With a trim threshold of 2 GiB instead, a ResNet-50 st
 one CPU device) page-faulted about 850,000 times (3.3 GB) and took 7.2 and 9.5 s in two processes; with
 trimming off, 0-280,000 faults and 5.3 and 4.6 s, in processes alternating with those.
 
-Set ``JAXSPRINT_HOST_MALLOC=system`` to leave the allocator alone, ``retain`` to force the
-one-arena settings, or ``auto`` (the default) for the rule above.
+It is part of the CPU acceleration: :func:`jaxsprint.cpu.configure_host_memory` applies the rule above unless
+``cpu_kernels`` (or ``JAXSPRINT_CPU_KERNELS``) is "off". :func:`configure` itself also takes "retain" (force
+the one-arena settings) and "system" (leave the allocator alone).
 """
 from __future__ import annotations
 
@@ -37,13 +38,11 @@ import os
 import re
 import sys
 
-from jaxsprint.errors import JaxsprintError
+from jaxsprint.errors import ConfigError
 
-__all__ = ["MODES", "HostMemError", "configure", "cpu_only_expected", "retain_freed_memory",
-           "single_cpu_device_expected"]
+__all__ = ["MODES", "configure", "cpu_only_expected", "retain_freed_memory", "single_cpu_device_expected"]
 
 MODES = ("auto", "retain", "system")
-ENV_VAR = "JAXSPRINT_HOST_MALLOC"
 
 # mallopt(3) parameter numbers (glibc malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -53,9 +52,6 @@ _M_ARENA_MAX = -8
 # positive int (2 GiB) was the value before; a ResNet-50 step at batch 32 (224x224) frees more than that at the
 # top of the heap, so glibc gave it back to the system every step (see the module docstring).
 _TRIM_THRESHOLD_BYTES = -1
-
-class HostMemError(JaxsprintError, ValueError):
-    """An unknown allocator mode (the message names the variable and the allowed values)."""
 
 
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin",
@@ -122,21 +118,18 @@ def retain_freed_memory(single_arena: bool = True) -> bool:
     return ok
 
 
-def configure(mode: str | None = None) -> str:
+def configure(mode: str = "auto") -> str:
     """Applies the host allocator policy for this process; returns what was done, in words.
 
     Args:
-      mode: "auto", "retain" or "system"; None reads ``JAXSPRINT_HOST_MALLOC`` (default "auto").
+      mode: "auto" (the rule of the module docstring), "retain" (one arena, no mmap, no trimming, on any
+        CPU-only process) or "system" (glibc's defaults).
 
     Raises:
-      HostMemError: an unknown mode (the message names the variable and the allowed values); a
-        ``JaxsprintError``, so the launchers report it in one line with exit status 2.
+      ConfigError: an unknown mode.
     """
-    source = "mode"
-    if mode is None:
-        mode, source = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto", ENV_VAR
     if mode not in MODES:
-        raise HostMemError(f"{source}={mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        raise ConfigError("host allocator mode", mode, f"allowed: {', '.join(MODES)}")
     if mode == "system":
         return "host allocator: system defaults"
     if mode == "auto" and not cpu_only_expected():

@@ -7,7 +7,7 @@ through the FFI.
 
 for float32 NHWC ``x`` and ``dy`` (``x_p``: x zero-padded by ``pads``), as one XLA custom call, and
 ``conv(x, w, out_hw, strides, pads_lo, winograd=...)`` the forward convolution, directly or, for 3x3 stride-1
-kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3) algorithm (jaxsprint.conv uses
+kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3) algorithm (jaxsprint.cpu.conv uses
 them for the forward and the stride-1 input gradient where they are faster than XLA's). Output channels must
 be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread
 per call when the process has several devices, which already run concurrently). The kernels
@@ -30,7 +30,8 @@ Under ``jit`` with a batch sharded over devices the calls are partitioned with
 the results are summed over the batch's mesh axes (a ``psum``), and the forward convolution of its own
 examples, so no activation is gathered.
 
-Set ``JAXSPRINT_NATIVE=off`` to never build or use it.
+With ``config.cpu_kernels`` or ``JAXSPRINT_CPU_KERNELS`` set to "off" it is never built or used
+(see :mod:`jaxsprint.cpu`).
 """
 from __future__ import annotations
 
@@ -138,8 +139,10 @@ def _load() -> bool:
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])
-        if os.environ.get("JAXSPRINT_NATIVE", "auto").lower() in ("off", "0", "false", "no"):
-            _state.update(ok=False, reason="disabled by JAXSPRINT_NATIVE")
+        from jaxsprint import cpu
+
+        if cpu.env_mode() == "off":
+            _state.update(ok=False, reason=f"disabled by {cpu.ENV_VAR}=off")
             return False
         try:
             lib = ctypes.cdll.LoadLibrary(_build())
@@ -245,7 +248,7 @@ def filter_grad(x: jax.Array, dy: jax.Array, kernel_size: tuple[int, int], strid
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The forward convolution (also the input gradient of a stride-1 convolution: see jaxsprint.conv).
+# The forward convolution (also the input gradient of a stride-1 convolution: see jaxsprint.cpu.conv).
 
 
 def conv_supported(x_shape, w_shape, dtype) -> bool:
