@@ -13,16 +13,71 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsprint.errors import ConfigError
+from jaxsprint.errors import ConfigError, check
 
 OPTIMIZERS = ("sgd", "nesterov", "lars", "lamb")
 SCHEDULES = ("cosine", "poly", "constant")
+SCALINGS = ("linear", "none")
+
+
+def _is_real(value) -> bool:
+    """A finite real number (not a bool): NaN and +-inf fail every range check below."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_range(field: str, value, lo: float, hi: float = math.inf, *, lo_open: bool = False,
+                 hi_open: bool = True) -> None:
+    """Raises ConfigError unless `value` is finite and in [lo, hi) (``lo_open``/``hi_open`` choose each end)."""
+    ok = _is_real(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if hi == math.inf:
+        allowed = f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    else:
+        allowed = f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    check(ok, field, value, allowed)
+
+
+def validate_config(config) -> None:
+    """Checks the training recipe: ``config.optimizer.*``, ``config.lr.*``, the length and label smoothing.
+
+    Needs no data: call it before anything is read or written. NaN and infinities are rejected everywhere.
+
+    Raises:
+      ConfigError: naming the first bad field: an unknown optimizer, schedule or scaling rule; ``lr.base``,
+        ``lr.end_lr``, ``lr.warmup_epochs``, a weight decay or an epsilon that is not finite and >= 0; a
+        ``lr.reference_batch``, ``lr.poly_power`` or ``optimizer.lars_trust_coefficient`` that is not finite
+        and > 0; a momentum or LAMB beta outside [0, 1); ``lr.warmup_init`` outside [0, 1];
+        ``label_smoothing`` outside [0, 1); a non-integer ``num_train_steps``; ``num_epochs`` not > 0 when
+        ``num_train_steps`` does not override it.
+    """
+    o, lr = config.optimizer, config.lr
+    check(o.name in OPTIMIZERS, "config.optimizer.name", o.name, f"allowed: {', '.join(OPTIMIZERS)}")
+    for name in ("momentum", "lamb_b1", "lamb_b2"):
+        _check_range(f"config.optimizer.{name}", o[name], 0.0, 1.0)
+    for name in ("weight_decay", "lars_eps", "lamb_eps"):
+        _check_range(f"config.optimizer.{name}", o[name], 0.0)
+    _check_range("config.optimizer.lars_trust_coefficient", o.lars_trust_coefficient, 0.0, lo_open=True)
+    check(isinstance(o.lars_nesterov, bool), "config.optimizer.lars_nesterov", o.lars_nesterov, "True or False")
+    _check_range("config.lr.base", lr.base, 0.0)
+    check(lr.scaling in SCALINGS, "config.lr.scaling", lr.scaling, f"allowed: {', '.join(SCALINGS)}")
+    _check_range("config.lr.reference_batch", lr.reference_batch, 0.0, lo_open=True)
+    _check_range("config.lr.warmup_epochs", lr.warmup_epochs, 0.0)
+    _check_range("config.lr.warmup_init", lr.warmup_init, 0.0, 1.0, hi_open=False)
+    check(lr.schedule in SCHEDULES, "config.lr.schedule", lr.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    _check_range("config.lr.poly_power", lr.poly_power, 0.0, lo_open=True)
+    _check_range("config.lr.end_lr", lr.end_lr, 0.0)
+    _check_range("config.label_smoothing", config.label_smoothing, 0.0, 1.0)
+    steps = config.get("num_train_steps", -1)
+    check(isinstance(steps, numbers.Integral) and not isinstance(steps, bool), "config.num_train_steps", steps,
+          "an integer: > 0 overrides num_epochs, <= 0 trains for num_epochs")
+    if steps <= 0:
+        _check_range("config.num_epochs", config.num_epochs, 0.0, lo_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +95,12 @@ class HParams:
 
 
 def derive_hparams(config, num_train_examples: int) -> HParams:
-    """Derives the schedule and batch bookkeeping from `config` (see experiments/configs/default.py)."""
+    """Derives the schedule and batch bookkeeping from `config` (see experiments/configs/default.py).
+
+    Raises:
+      ConfigError: as :func:`validate_config` (called first), or when the batch does not fit the data.
+    """
+    validate_config(config)
     b = int(config.batch_size)
     k = int(config.grad_accum_steps)
     if k < 1 or b % k:
@@ -57,10 +117,8 @@ def derive_hparams(config, num_train_examples: int) -> HParams:
     warmup = min(warmup, total)
     if config.lr.scaling == "linear":
         peak = config.lr.base * b / config.lr.reference_batch
-    elif config.lr.scaling == "none":
+    else:  # "none"
         peak = config.lr.base
-    else:
-        raise ConfigError("config.lr.scaling", config.lr.scaling, "allowed: linear, none")
     return HParams(global_batch=b, accum_steps=k, micro_batch=b // k, steps_per_epoch=steps_per_epoch,
                    total_steps=total, warmup_steps=warmup, peak_lr=float(peak), end_lr=float(config.lr.end_lr))
 
@@ -72,9 +130,11 @@ def make_schedule(config, hp: HParams) -> optax.Schedule:
       * "cosine": end + (peak - end) * (1 + cos(pi * t / T)) / 2;
       * "poly": end + (peak - end) * (1 - t / T) ** power (Fujitsu used power 2.2, NVIDIA 2);
       * "constant": the peak.
+
+    Raises:
+      ConfigError: as :func:`validate_config` (called first).
     """
-    if config.lr.schedule not in SCHEDULES:
-        raise ConfigError("config.lr.schedule", config.lr.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    validate_config(config)
     peak, end = hp.peak_lr, hp.end_lr
     decay_steps = max(hp.total_steps - hp.warmup_steps, 1)
     if config.lr.schedule == "cosine":
@@ -99,14 +159,13 @@ def decay_mask(params) -> dict:
 
 
 def make_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """The optimizer named by ``config.optimizer.name`` with the learning-rate `schedule`."""
+    """The optimizer named by ``config.optimizer.name`` with the learning-rate `schedule`.
+
+    Raises:
+      ConfigError: as :func:`validate_config` (called first).
+    """
+    validate_config(config)
     o = config.optimizer
-    if o.name not in OPTIMIZERS:
-        raise ConfigError("config.optimizer.name", o.name, f"allowed: {', '.join(OPTIMIZERS)}")
-    if config.lr.base < 0:
-        raise ConfigError("config.lr.base", config.lr.base, "the learning rate must be >= 0")
-    if o.weight_decay < 0:
-        raise ConfigError("config.optimizer.weight_decay", o.weight_decay, "must be >= 0")
     if o.name in ("sgd", "nesterov"):
         return optax.chain(
             optax.add_decayed_weights(o.weight_decay, mask=decay_mask),

@@ -1,12 +1,17 @@
-"""Schedules, LARS masking, label smoothing and derived hyper-parameters."""
+"""Schedules, LARS masking, label smoothing, derived hyper-parameters and the checks of the recipe's settings."""
+import importlib
 import math
+import pkgutil
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import ml_collections
 import pytest
 
+import experiments.configs
 from experiments.configs import default
 from jaxsprint import optim
 from jaxsprint.errors import ConfigError
@@ -93,3 +98,69 @@ def test_bad_values_are_config_errors():
     c.grad_accum_steps = 3
     with pytest.raises(ConfigError, match="grad_accum_steps"):
         optim.derive_hparams(c, 1500)
+
+
+# --------------------------------------------------------------------------------------------------------
+# validate_config: every rejected kind, and every shipped config passes.
+# --------------------------------------------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
+                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
+
+
+def _with(**overrides):
+    """The default config with dotted overrides of any type (ConfigDict would refuse e.g. a str for a float)."""
+    d = default.get_config().to_dict()
+    for key, value in overrides.items():
+        node = d
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return ml_collections.ConfigDict(d)
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_shipped_config_passes(module):
+    optim.validate_config(module.get_config())
+
+
+@pytest.mark.parametrize("field, value", [
+    ("optimizer.name", "adamw"),
+    ("optimizer.momentum", NAN), ("optimizer.momentum", -0.1), ("optimizer.momentum", 1.0),
+    ("optimizer.momentum", "0.9"),
+    ("optimizer.weight_decay", NAN), ("optimizer.weight_decay", -1e-4), ("optimizer.weight_decay", INF),
+    ("optimizer.lars_trust_coefficient", 0.0), ("optimizer.lars_trust_coefficient", -0.001),
+    ("optimizer.lars_trust_coefficient", NAN),
+    ("optimizer.lars_eps", -1e-9), ("optimizer.lars_eps", NAN),
+    ("optimizer.lars_nesterov", "yes"),
+    ("optimizer.lamb_b1", 1.0), ("optimizer.lamb_b2", NAN), ("optimizer.lamb_b2", -0.5),
+    ("optimizer.lamb_eps", -1e-6), ("optimizer.lamb_eps", INF),
+    ("lr.base", NAN), ("lr.base", INF), ("lr.base", -0.1), ("lr.base", True),
+    ("lr.scaling", "sqrt"),
+    ("lr.reference_batch", 0), ("lr.reference_batch", -256), ("lr.reference_batch", NAN),
+    ("lr.reference_batch", INF),
+    ("lr.warmup_epochs", NAN), ("lr.warmup_epochs", -1.0), ("lr.warmup_epochs", INF),
+    ("lr.warmup_init", -0.1), ("lr.warmup_init", 1.5), ("lr.warmup_init", NAN),
+    ("lr.schedule", "step"),
+    ("lr.poly_power", NAN), ("lr.poly_power", 0.0), ("lr.poly_power", -2.0), ("lr.poly_power", INF),
+    ("lr.end_lr", NAN), ("lr.end_lr", -0.01), ("lr.end_lr", INF),
+    ("label_smoothing", NAN), ("label_smoothing", -0.1), ("label_smoothing", 1.0),
+    ("num_train_steps", 2.5),
+    ("num_epochs", 0), ("num_epochs", -1.0), ("num_epochs", NAN),
+])
+def test_each_bad_value_names_its_field(field, value):
+    c = _with(**{field: value})
+    with pytest.raises(ConfigError, match=rf"^invalid config\.{re.escape(field)}=") as e:
+        optim.validate_config(c)
+    assert e.value.field == f"config.{field}"
+    # The factories check the same settings first.
+    with pytest.raises(ConfigError, match=rf"config\.{re.escape(field)}="):
+        optim.derive_hparams(c, 1500)
+
+
+def test_limits_that_are_allowed():
+    for overrides in ({"optimizer.momentum": 0.0}, {"lr.base": 0.0}, {"lr.warmup_init": 1.0},
+                      {"label_smoothing": 0.0}, {"lr.end_lr": 0.0}, {"num_train_steps": 10, "num_epochs": 0}):
+        optim.validate_config(_with(**overrides))
