@@ -1,4 +1,9 @@
-"""Helpers shared by the study scripts: run one cell, aggregate, write a Markdown table and a plot."""
+"""What the study launchers share: validate every cell first, run one cell, aggregate over seeds, write the
+results (JSON, resumable), a Markdown table and a plot.
+
+Lives beside the launchers, not in the library: it writes files and draws figures, and it runs the trainer
+(``jaxsprint.train.train_and_evaluate``) as a black box through its public API.
+"""
 from __future__ import annotations
 
 import json
@@ -6,35 +11,77 @@ import math
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxsprint import train
-from jaxsprint.errors import NonFiniteError
+from jaxsprint import parallel, train
+from jaxsprint.errors import ConfigError, NonFiniteError, check
+
+__all__ = ["fmt_cell", "load_json", "loss_curve", "markdown_table", "mean_std", "pyplot", "require_study",
+           "run_cell", "save_json", "validate_cells", "write_markdown"]
+
+
+def require_study(base, fields: Sequence[str], flag: str = "--config") -> None:
+    """Checks that the study config exists and has a ``study`` block with non-empty `fields`.
+
+    Raises:
+      ConfigError: no config was given, or a study field is missing or empty.
+    """
+    check(base is not None, flag, None, "required: a study config file (experiments/configs/*_study.py)")
+    check("study" in base, "config.study", None, "required: the study block of a study config")
+    for name in fields:
+        value = base.study.get(name)
+        check(value is not None and len(value) > 0, f"config.study.{name}", value, "required: a non-empty tuple")
+
+
+def validate_cells(configs: Iterable[tuple[str, Any]]) -> int:
+    """Validates every cell's training config before any runs, so that a bad value stops the study at once
+    (exit status 2 through ``jaxsprint.cli.run``) and not hours in. Returns the number of cells.
+
+    Raises:
+      ConfigError: the first bad field of the first bad cell (the trainer's own message).
+    """
+    n = 0
+    for _, config in configs:
+        train.validate_config(config, parallel.make_mesh(config.num_devices).size)
+        n += 1
+    return n
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def run_cell(config) -> dict[str, Any]:
-    """Trains one configuration in a scratch directory; returns the JSON-able summary.
+    """Trains one configuration in a scratch directory; returns the JSON-able part of its summary.
 
-    A run that produces NaN/Inf is reported with ``diverged=True`` and the step, not raised.
+    Adds ``diverged`` (False) and ``loss_curve`` ([(step, train loss)]). A run that produces NaN/Inf
+    (``NonFiniteError``) is reported with ``diverged=True``, the step, and NaN accuracies, not raised; any
+    other error (a bad config) propagates.
     """
     workdir = tempfile.mkdtemp(prefix="jaxsprint-study-")
     try:
-        s = train.train_and_evaluate(config, workdir)
-        out = {k: v for k, v in s.items() if k not in ("state", "experiment", "polished_batch_stats")}
+        try:
+            summary = train.train_and_evaluate(config, workdir)
+        except NonFiniteError as e:
+            return {"diverged": True, "diverged_step": e.step, "eval_accuracy": float("nan"),
+                    "eval_polished_accuracy": float("nan"), "final_train_loss": float("nan"),
+                    "loss_curve": loss_curve(os.path.join(workdir, "metrics.jsonl"))}
+        out = {k: v for k, v in summary.items() if _jsonable(v)}
         out["diverged"] = False
-        out["loss_curve"] = _loss_curve(os.path.join(workdir, "metrics.jsonl"))
+        out["loss_curve"] = loss_curve(os.path.join(workdir, "metrics.jsonl"))
         return out
-    except NonFiniteError as e:
-        return {"diverged": True, "diverged_step": e.step, "eval_accuracy": float("nan"),
-                "eval_polished_accuracy": float("nan"), "final_train_loss": float("nan"),
-                "loss_curve": _loss_curve(os.path.join(workdir, "metrics.jsonl"))}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _loss_curve(path: str) -> list[tuple[int, float]]:
+def loss_curve(path: str) -> list[tuple[int, float]]:
+    """(step, train_loss) of every record of a metrics.jsonl file that has one; [] if the file is missing."""
     if not os.path.exists(path):
         return []
     out = []
@@ -46,8 +93,9 @@ def _loss_curve(path: str) -> list[tuple[int, float]]:
     return out
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    """Mean and sample standard deviation over the finite values, and how many were not finite."""
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (ddof 1; 0 for one value) over the finite values, and how many
+    values were not finite (diverged runs). NaN, NaN when none is finite."""
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
     bad = len(values) - len(v)
     if len(v) == 0:
@@ -55,7 +103,8 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, bad
 
 
-def fmt_cell(values: Sequence[float], scale: float = 100.0) -> str:
+def fmt_cell(values: Sequence[float | None], scale: float = 100.0) -> str:
+    """``"mean ± std"`` of the finite values times `scale`, noting diverged runs; ``"diverged (k/n)"`` if all."""
     m, s, bad = mean_std(values)
     if math.isnan(m):
         return f"diverged ({bad}/{len(values)})"
@@ -63,32 +112,48 @@ def fmt_cell(values: Sequence[float], scale: float = 100.0) -> str:
     return text + (f" ({bad} diverged)" if bad else "")
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def save_json(path: str, obj: Any) -> None:
+    """Writes `obj` as JSON atomically: an interrupted study never leaves a half-written results file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
-    os.replace(tmp, path)  # never leaves a half-written results file
+    os.replace(tmp, path)
 
 
 def load_json(path: str, default: Callable[[], Any]) -> Any:
-    if os.path.exists(path):
-        with open(path) as f:
+    """The JSON in `path`, or ``default()`` when there is no such file (a study starting afresh).
+
+    Raises:
+      ConfigError: the file exists but is not JSON (names the path; delete it or choose another --out).
+    """
+    if not os.path.exists(path):
+        return default()
+    with open(path) as f:
+        try:
             return json.load(f)
-    return default()
+        except json.JSONDecodeError as e:
+            raise ConfigError("--out", path, f"the results file is not JSON ({e}); move it away or pick "
+                              "another prefix") from None
 
 
-def write_report_text(path: str, text: str):
-    """Writes the Markdown report, prints it, and returns matplotlib's pyplot (Agg) or None if not installed."""
+def write_markdown(path: str, text: str) -> None:
+    """Writes the Markdown report and prints it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
     print(text)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (with a note) when matplotlib is not installed."""
     try:
         import matplotlib
 

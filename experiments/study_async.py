@@ -3,7 +3,8 @@ r"""Asynchronous-SGD study: final accuracy and loss curves vs mean staleness, pe
   python experiments/study_async.py --config=experiments/configs/async_study.py --out=docs/async-study
 
 Writes OUT.json (every run; resumable), OUT.md (mean ± std top-1 over seeds) and OUT.png (final accuracy vs
-staleness, and loss curves for the constant-staleness runs).
+staleness, and loss curves for the constant-staleness runs). Every cell's config is checked before the first
+runs: a bad value (an unknown distribution or mitigation too) ends the study at once with exit status 2.
 """
 import copy
 import os
@@ -12,14 +13,47 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Study config (experiments/configs/async_study.py).")
 _OUT = flags.DEFINE_string("out", "docs/async-study", "Output prefix for .json, .md and .png.")
 
+# Distributions of the staleness a cell can ask for (config.study.kinds), mapped to the emulator's samplers.
+KINDS = ("constant", "geometric")
+
+
+def validate_study(base) -> None:
+    """Checks the study block: known distributions and mitigations, staleness >= 0 (whole for "constant"),
+    integer seeds.
+
+    Raises:
+      ConfigError: naming the first bad ``config.study`` field.
+    """
+    from experiments import studies
+    from jaxsprint import staleness
+    from jaxsprint.errors import check
+
+    studies.require_study(base, ("mean_staleness", "kinds", "mitigations", "seeds"))
+    for kind in base.study.kinds:
+        check(kind in KINDS, "config.study.kinds", kind, f"allowed: {', '.join(KINDS)}")
+    for mit in base.study.mitigations:
+        check(mit in staleness.MITIGATIONS, "config.study.mitigations", mit,
+              f"allowed: {', '.join(staleness.MITIGATIONS)}")
+    for mean in base.study.mean_staleness:
+        check(isinstance(mean, (int, float)) and not isinstance(mean, bool) and mean >= 0,
+              "config.study.mean_staleness", mean, "allowed: numbers >= 0")
+        check(float(mean).is_integer() or "constant" not in base.study.kinds, "config.study.mean_staleness", mean,
+              "allowed: whole numbers when config.study.kinds has 'constant'")
+    for seed in base.study.seeds:
+        check(isinstance(seed, int) and not isinstance(seed, bool), "config.study.seeds", seed, "allowed: integers")
+
 
 def cell_config(base, mean, kind, mitigation, seed):
+    """The training config of one cell: constant staleness `mean`, or geometric with that mean (truncated at
+    4x the mean, at most 64)."""
     c = copy.deepcopy(base)
     with c.unlocked():
         a = c.async_emulation
@@ -33,6 +67,7 @@ def cell_config(base, mean, kind, mitigation, seed):
 
 
 def cells(base):
+    """Yields (key, (mean, kind, mitigation, seed)) of every cell, staleness 0 once for all distributions."""
     for mean in base.study.mean_staleness:
         for kind in base.study.kinds:
             if mean == 0 and kind != base.study.kinds[0]:
@@ -44,17 +79,20 @@ def cells(base):
 
 def main(argv):
     del argv
-    from jaxsprint import studies
+    from experiments import studies
 
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
+    validate_study(base)
+    todo = [(key, cell_config(base, *args)) for key, args in cells(base)]
+    studies.validate_cells(todo)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
-    for key, args in cells(base):
+    for key, config in todo:
         if key in results:
             continue
         t = time.time()
-        r = studies.run_cell(cell_config(base, *args))
+        r = studies.run_cell(config)
         r["seconds"] = time.time() - t
         results[key] = r
         studies.save_json(path, results)
@@ -69,7 +107,7 @@ def values(results, base, mean, kind, mit, field="eval_accuracy"):
 
 
 def write_report(base, results):
-    from jaxsprint import studies
+    from experiments import studies
 
     rows = []
     for mean in base.study.mean_staleness:
@@ -87,7 +125,8 @@ def write_report(base, results):
             f"{list(base.study.seeds)}; geometric staleness truncated at 4x its mean (max 64); DC-ASGD lambda "
             f"{base.async_emulation.dc_lambda}. Test set: 297 images. Total run time {minutes:.0f} min.\n\n"
             + table + "\n")
-    plt = studies.write_report_text(_OUT.value + ".md", text)
+    studies.write_markdown(_OUT.value + ".md", text)
+    plt = studies.pyplot()
     if plt is None:
         return
     import numpy as np
@@ -108,7 +147,7 @@ def write_report(base, results):
     ax1.grid(alpha=0.3)
     cmap = plt.get_cmap("viridis")
     for i, mean in enumerate(means):
-        for mit, style in zip(base.study.mitigations, ("-", "--", ":")):
+        for mit, style in zip(base.study.mitigations, ("-", "--", ":", "-.")):
             key = f"tau{mean}_{base.study.kinds[0]}_{mit}_s{base.study.seeds[0]}"
             curve = results.get(key, {}).get("loss_curve", [])
             if curve:
@@ -117,7 +156,7 @@ def write_report(base, results):
                          label=f"tau={mean}, {mit}" if mit == base.study.mitigations[0] or i == 0 else None)
     ax2.set_xlabel("update")
     ax2.set_ylabel("train loss (clipped at 10)")
-    ax2.set_title(f"Loss curves, constant staleness, seed {base.study.seeds[0]}")
+    ax2.set_title(f"Loss curves, {base.study.kinds[0]} staleness, seed {base.study.seeds[0]}")
     ax2.legend(fontsize=7, ncol=2)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
@@ -125,6 +164,4 @@ def write_report(base, results):
 
 
 if __name__ == "__main__":
-    from jaxsprint.cli import parse_flags
-
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

@@ -4,7 +4,8 @@ r"""Final Polishing study: top-1 vs global batch for polish modes none / recompu
       --config=experiments/configs/polish_study.py --out=docs/polish-study
 
 Writes OUT.json (every run, resumable: finished cells are not rerun), OUT.md (mean ± std of top-1 over seeds
-per cell) and OUT.png (accuracy vs batch size, one line per mode).
+per cell) and OUT.png (accuracy vs batch size, one line per mode). Every cell's config is checked before the
+first runs: a bad value ends the study at once with exit status 2.
 """
 import copy
 import os
@@ -13,42 +14,75 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Study config (experiments/configs/polish_study.py).")
 _OUT = flags.DEFINE_string("out", "docs/polish-study", "Output prefix for .json, .md and .png.")
 
 MODES = ("none", "recompute", "no_augment_epochs", "both")
+# Each training run serves two modes: "none" and "recompute" differ only after training (the recompute pass;
+# "none" is the same run's EMA statistics), and so do "no_augment_epochs" and "both".
+TRAIN_MODES = ("recompute", "both")
 
 
-def main(argv):
-    del argv
-    from jaxsprint import studies
+def validate_study(base) -> None:
+    """Checks the study block: positive integer batch sizes, integer seeds.
 
-    logging.set_verbosity(logging.WARNING)
-    base = _CONFIG.value
-    path = _OUT.value + ".json"
-    results = studies.load_json(path, dict)
+    Raises:
+      ConfigError: naming the first bad ``config.study`` field.
+    """
+    from experiments import studies
+    from jaxsprint.errors import check
+
+    studies.require_study(base, ("batch_sizes", "seeds"))
+    for b in base.study.batch_sizes:
+        check(isinstance(b, int) and not isinstance(b, bool) and b > 0, "config.study.batch_sizes", b,
+              "allowed: positive integers")
+    for seed in base.study.seeds:
+        check(isinstance(seed, int) and not isinstance(seed, bool), "config.study.seeds", seed, "allowed: integers")
+
+
+def cells(base):
+    """Yields (key, training config) of every training run: batch x seed x TRAIN_MODES."""
     for b in base.study.batch_sizes:
         for seed in base.study.seeds:
-            for train_mode in ("recompute", "both"):
-                key = f"b{b}_s{seed}_{train_mode}"
-                if key in results:
-                    continue
+            for train_mode in TRAIN_MODES:
                 c = copy.deepcopy(base)
                 with c.unlocked():
                     c.batch_size = int(b)
                     c.eval_batch_size = 512
                     c.seed = int(seed)
                     c.polish.mode = train_mode
-                t = time.time()
-                r = studies.run_cell(c)
-                r["seconds"] = time.time() - t
-                results[key] = r
-                studies.save_json(path, results)
-                print(f"{key}: EMA {100 * r['eval_accuracy']:.2f}%  polished {100 * r['eval_polished_accuracy']:.2f}%"
-                      f"  ({r['seconds']:.0f} s)", flush=True)
+                yield f"b{b}_s{seed}_{train_mode}", c
+
+
+def main(argv):
+    del argv
+    from experiments import studies
+
+    logging.set_verbosity(logging.WARNING)
+    base = _CONFIG.value
+    validate_study(base)
+    todo = list(cells(base))
+    studies.validate_cells(todo)
+    path = _OUT.value + ".json"
+    results = studies.load_json(path, dict)
+    for key, config in todo:
+        if key in results:
+            continue
+        t = time.time()
+        r = studies.run_cell(config)
+        r["seconds"] = time.time() - t
+        results[key] = r
+        studies.save_json(path, results)
+        if r["diverged"]:
+            print(f"{key}: diverged at step {r['diverged_step']} ({r['seconds']:.0f} s)", flush=True)
+        else:
+            print(f"{key}: EMA {100 * r['eval_accuracy']:.2f}%  polished {100 * r['eval_polished_accuracy']:.2f}%"
+                  f"  ({r['seconds']:.0f} s)", flush=True)
     write_report(base, results)
 
 
@@ -59,21 +93,25 @@ def cell_values(results, b, seeds, mode):
 
 
 def write_report(base, results):
-    from jaxsprint import studies
+    from experiments import studies
+    from jaxsprint import parallel
 
+    devices = parallel.make_mesh(base.num_devices).size
     seeds, batches = list(base.study.seeds), list(base.study.batch_sizes)
     rows = []
     for b in batches:
-        rows.append([str(b), str(b // 8)] + [studies.fmt_cell(cell_values(results, b, seeds, m)) for m in MODES])
+        rows.append([str(b), str(b // devices)] + [studies.fmt_cell(cell_values(results, b, seeds, m))
+                                                  for m in MODES])
     table = studies.markdown_table(["global batch", "per device (ghost BN)"] + [f"{m} top-1 %" for m in MODES],
                                    rows)
     minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
     text = (f"Model {base.model} at {base.image_size}x{base.image_size}, {base.num_epochs} epochs, "
-            f"{base.optimizer.name}, ghost BN per device on 8 devices, seeds {seeds}; polishing pass over the "
-            f"whole training set (iterated to convergence); no-augmentation epochs: "
+            f"{base.optimizer.name}, ghost BN per device on {devices} devices, seeds {seeds}; polishing pass over "
+            f"the whole training set (iterated to convergence); no-augmentation epochs: "
             f"{base.polish.no_augment_epochs}. Test set: 297 images (one image = 0.34 points). "
             f"Total run time {minutes:.0f} min.\n\n" + table + "\n")
-    plt = studies.write_report_text(_OUT.value + ".md", text)
+    studies.write_markdown(_OUT.value + ".md", text)
+    plt = studies.pyplot()
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -92,6 +130,4 @@ def write_report(base, results):
 
 
 if __name__ == "__main__":
-    from jaxsprint.cli import parse_flags
-
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)
