@@ -1,7 +1,13 @@
-"""Mesh, BN group sizes and the multi-process start-up decision."""
+"""Mesh, BN group sizes, the checks of the parallel layout and the multi-process start-up decision."""
+import importlib
+import pkgutil
+
 import jax
+import ml_collections
 import pytest
 
+import experiments.configs
+from experiments.configs import default
 from jaxsprint import parallel
 from jaxsprint.errors import ConfigError
 
@@ -34,3 +40,62 @@ def test_distributed_init_decision():
         parallel.distributed_init_kwargs({}, coordinator_address="h:1", num_processes=2, process_id=2)
     with pytest.raises(ConfigError):
         parallel.distributed_init_kwargs({}, coordinator_address="h:1")
+
+
+CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
+                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
+
+
+def _with(**overrides):
+    """The default config (global batch 512, eval 512) with dotted overrides of any type."""
+    d = default.get_config().to_dict()
+    for key, value in overrides.items():
+        node = d
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return ml_collections.ConfigDict(d)
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_shipped_config_passes(module):
+    c = module.get_config()
+    parallel.validate_config(c, c.num_devices if c.num_devices > 0 else 8, num_hosts=1)
+
+
+@pytest.mark.parametrize("overrides, devices, hosts, field", [
+    ({"num_devices": 0}, 8, 1, "num_devices"),
+    ({"num_devices": -2}, 8, 1, "num_devices"),
+    ({"num_devices": 4}, 8, 1, "num_devices"),          # not the mesh the run uses
+    ({"num_devices": 2.0}, 2, 1, "num_devices"),
+    ({"batch_size": 0}, 8, 1, "batch_size"),
+    ({"batch_size": -512}, 8, 1, "batch_size"),
+    ({"batch_size": 512.0}, 8, 1, "batch_size"),
+    ({"batch_size": 60}, 8, 1, "batch_size"),           # not divisible by the devices
+    ({"grad_accum_steps": 3}, 8, 1, "batch_size"),      # 512 % (8 x 3)
+    ({"grad_accum_steps": 0}, 8, 1, "grad_accum_steps"),
+    ({"grad_accum_steps": -1}, 8, 1, "grad_accum_steps"),
+    ({"batch_size": 6, "eval_batch_size": 6}, 2, 4, "batch_size"),  # not divisible by the hosts
+    ({"eval_batch_size": 0}, 8, 1, "eval_batch_size"),
+    ({"eval_batch_size": 100}, 8, 1, "eval_batch_size"),
+    ({"eval_batch_size": 6}, 2, 4, "eval_batch_size"),
+    ({"bn.reduction": "sync"}, 8, 1, "bn.reduction"),
+    ({"bn.reduction": "group", "bn.group_size": 0}, 8, 1, "bn.group_size"),
+    ({"bn.reduction": "group", "bn.group_size": 24}, 8, 1, "bn.group_size"),  # per-device micro-batch 64
+    ({"bn.reduction": "group", "bn.group_size": 32, "grad_accum_steps": 4}, 8, 1, "bn.group_size"),  # 16
+    ({"bn.group_size": -1}, 8, 1, "bn.group_size"),
+    ({"bn.group_size": 1.5}, 8, 1, "bn.group_size"),
+])
+def test_each_bad_value_names_its_field(overrides, devices, hosts, field):
+    with pytest.raises(ConfigError, match=rf"^invalid config\.{field}=") as e:
+        parallel.validate_config(_with(**overrides), devices, num_hosts=hosts)
+    assert e.value.field == f"config.{field}"
+
+
+def test_layouts_that_are_allowed():
+    parallel.validate_config(_with(), 8)  # the host count defaults to this process's
+    parallel.validate_config(_with(**{"num_devices": 2}), 2, num_hosts=2)
+    parallel.validate_config(_with(**{"bn.reduction": "group", "bn.group_size": 16, "grad_accum_steps": 4}), 8,
+                             num_hosts=1)
+    parallel.validate_config(_with(**{"bn.reduction": "global", "bn.group_size": 7}), 8, num_hosts=1)
