@@ -30,6 +30,8 @@ References:
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable, Iterable, Mapping
 
 import flax
@@ -39,13 +41,43 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxsprint import parallel
-from jaxsprint.errors import JaxsprintError
+from jaxsprint.errors import ConfigError, DataError, check
 
+# config.polish.mode: "recompute" runs recompute_batch_stats after training, "no_augment_epochs" trains the last
+# config.polish.no_augment_epochs epochs on un-augmented images (Fujitsu's form), "both" does both.
 POLISH_MODES = ("none", "recompute", "no_augment_epochs", "both")
 
 
-class PolishError(JaxsprintError):
-    """Final Polishing cannot run on these inputs (no BatchNorm, no data, inconsistent batches)."""
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def validate_config(config, num_devices: int) -> None:
+    """Checks ``config.polish``. Needs no data: call it before anything is read or written.
+
+    Args:
+      config: the run's config (see experiments/configs/default.py).
+      num_devices: devices along ``data``; the polishing batch is sharded over them.
+
+    Raises:
+      ConfigError: naming the first bad field: an unknown ``mode``; ``num_passes`` not an integer >= 0;
+        ``num_samples`` neither -1 nor an integer >= 1; ``batch_size`` neither 0 (``eval_batch_size``) nor a
+        positive multiple of the devices; ``no_augment_epochs`` not a finite number >= 0.
+    """
+    p = config.polish
+    check(p.mode in POLISH_MODES, "config.polish.mode", p.mode, f"allowed: {', '.join(POLISH_MODES)}")
+    check(_is_int(p.num_passes) and p.num_passes >= 0, "config.polish.num_passes", p.num_passes,
+          "0 (until converged) or a positive number of passes")
+    check(_is_int(p.num_samples) and (p.num_samples == -1 or p.num_samples >= 1), "config.polish.num_samples",
+          p.num_samples, "-1 (the whole training set) or a positive count")
+    pb = p.batch_size or config.eval_batch_size
+    check(_is_int(p.batch_size) and p.batch_size >= 0 and _is_int(pb) and pb >= 1 and pb % num_devices == 0,
+          "config.polish.batch_size", p.batch_size,
+          f"0 (config.eval_batch_size={config.eval_batch_size}) or a positive multiple of the device count "
+          f"({num_devices})")
+    e = p.no_augment_epochs
+    check(isinstance(e, numbers.Real) and not isinstance(e, bool) and math.isfinite(e) and e >= 0,
+          "config.polish.no_augment_epochs", e, "a finite number of epochs >= 0")
 
 
 def merge_moments(a: tuple, b: tuple) -> tuple:
@@ -96,7 +128,8 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
         optionally "mask" ([B], 1 for real examples). Every batch must have the same B (pad the last one and
         mask it); B must be divisible by the mesh size.
       mesh: shard batches along ``data`` over this mesh (None: default device placement).
-      num_samples: budget in examples (None: every example of `batches`); the batch that crosses it is masked.
+      num_samples: budget in examples, >= 1 (None: every example of `batches`); the batch that crosses it is
+        masked.
       num_passes: 0 (default): iterate until no statistic changes by more than `tol` (relative), at most
         number-of-BatchNorms + 1 passes, which is exact (see module docstring); k > 0: exactly k passes.
       tol: relative change that ends the iteration when `num_passes` is 0.
@@ -107,24 +140,31 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
 
     Returns:
       A new ``batch_stats`` tree with the structure of ``variables["batch_stats"]`` (float32 mean and var).
+
+    Raises:
+      ConfigError: a bad ``num_passes`` or ``num_samples``, or a model without BatchNorm statistics.
+      DataError: no batches, batches of different shapes, a mask of the wrong shape, or a batch size the mesh
+        cannot split.
     """
-    if num_passes < 0:
-        raise PolishError(f"invalid num_passes={num_passes}: 0 (until converged) or a positive count")
-    if not jax.tree.leaves(variables.get("batch_stats", {})):
-        raise PolishError("nothing to polish: the model has no BatchNorm statistics (variables['batch_stats'] "
-                          "is empty)")
+    check(_is_int(num_passes) and num_passes >= 0, "num_passes", num_passes,
+          "0 (until converged) or a positive number of passes")
+    check(num_samples is None or (_is_int(num_samples) and num_samples >= 1), "num_samples", num_samples,
+          "None (every example) or a positive budget")
+    check(bool(jax.tree.leaves(variables.get("batch_stats", {}))), "variables['batch_stats']",
+          variables.get("batch_stats", {}), "the statistics of a model with BatchNorm: nothing to polish")
     batches = batches if isinstance(batches, (list, tuple)) else list(batches)
-    if not batches:
-        raise PolishError("no batches to polish with: the iterable of batches is empty")
+    check(bool(batches), "batches", batches, "at least one batch: the iterable of batches is empty",
+          error=DataError)
     shape = np.shape(batches[0]["image"])
     for i, batch in enumerate(batches):
-        if np.shape(batch["image"]) != shape:
-            raise PolishError(f"batch {i} has image shape {np.shape(batch['image'])}, batch 0 has {shape}: every "
-                              "batch must have the same shape (pad the last one and mask it)")
-        if "mask" in batch and np.shape(batch["mask"]) != shape[:1]:
-            raise PolishError(f"batch {i} has mask shape {np.shape(batch['mask'])}: allowed {shape[:1]}")
-    if mesh is not None and shape[0] % mesh.size:
-        raise PolishError(f"batch size {shape[0]} is not divisible by the {mesh.size} devices of the mesh")
+        check(np.shape(batch["image"]) == shape, f"batches[{i}]['image'].shape", np.shape(batch["image"]),
+              f"{shape}, the same shape as batch 0 (pad the last batch and mask it)", error=DataError)
+        if "mask" in batch:
+            check(np.shape(batch["mask"]) == shape[:1], f"batches[{i}]['mask'].shape", np.shape(batch["mask"]),
+                  f"{shape[:1]}, one entry per image", error=DataError)
+    if mesh is not None:
+        check(shape[0] % mesh.size == 0, "batches[0]['image'].shape[0]", shape[0],
+              f"a multiple of the {mesh.size} devices of the mesh", error=DataError)
     if moments_fn is None:
         moments_fn = jit_moments_fn(model, mesh, preprocess)
     params = variables["params"]
@@ -150,8 +190,6 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
                 images, mask = arrays["image"], arrays["mask"]
             m = moments_fn({"params": params, "batch_stats": stats}, images, mask)
             total = m if total is None else merge(total, m)
-        if total is None:
-            raise PolishError("no examples to polish with (every mask is zero or num_samples is 0)")
         # Wait for the pass before the element-wise work below. With several CPU devices, eager operations on
         # replicated arrays dispatched while the pass's all-reduces were still running deadlocked XLA:CPU's
         # in-process collectives now and then (one device's program never reached the rendezvous; 2 of 6 test
@@ -173,7 +211,7 @@ def jit_moments_fn(model, mesh: Mesh | None = None, preprocess: Callable | None 
                    compiler_options: dict[str, str] | None = None) -> Callable:
     """The jitted per-batch moments function (replicated outputs; batch sharded along ``data`` if `mesh`).
 
-    ``compiler_options`` go to ``jax.jit`` (e.g. ``jaxsprint.conv.compiler_options(kind)``).
+    ``compiler_options`` go to ``jax.jit`` (e.g. ``jaxsprint.cpu.acceleration(mode).compiler_options``).
     """
     base = make_moments_fn(model)
     fn = base if preprocess is None else (lambda v, x, m: base(v, preprocess(x), m))

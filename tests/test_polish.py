@@ -1,10 +1,17 @@
 """Final Polishing: exact population statistics, independent of batching and devices; parameters untouched."""
+import importlib
+import pkgutil
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+import experiments.configs
+from experiments.configs import default
 from jaxsprint import models, parallel, polish
+from jaxsprint.errors import ConfigError, DataError
 
 
 def _setup(n=40, seed=0):
@@ -129,13 +136,73 @@ def test_merge_matches_numpy_on_skewed_data():
 
 def test_bad_inputs_are_clear_errors():
     model, variables, x = _setup(n=16)
-    with pytest.raises(polish.PolishError, match="empty"):
+    with pytest.raises(DataError, match=r"^invalid batches=\[\]: at least one batch: .*empty"):
         polish.recompute_batch_stats(model, variables, iter([]))
     bad = _batches(x, 8)
     bad[1] = {"image": bad[1]["image"][:4]}
-    with pytest.raises(polish.PolishError, match="same shape"):
+    with pytest.raises(DataError, match=r"^invalid batches\[1\]\['image'\].shape=\(4, 8, 8, 3\): .*same shape"):
         polish.recompute_batch_stats(model, variables, bad)
+    bad = _batches(x, 8)
+    bad[0]["mask"] = bad[0]["mask"][:5]
+    with pytest.raises(DataError, match=r"^invalid batches\[0\]\['mask'\].shape=\(5,\): \(8,\)"):
+        polish.recompute_batch_stats(model, variables, bad)
+    with pytest.raises(DataError, match=r"^invalid batches\[0\]\['image'\].shape\[0\]=8: a multiple of the 3"):
+        polish.recompute_batch_stats(model, variables, _batches(x, 8),
+                                     mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:3]), ("data",)))
     nobn = models.create_model("tiny_nobn", num_classes=10)
     v = nobn.init(jax.random.key(0), x[:2], train=False)
-    with pytest.raises(polish.PolishError, match="nothing to polish"):
+    with pytest.raises(ConfigError, match=r"^invalid variables\['batch_stats'\]=.*nothing to polish"):
         polish.recompute_batch_stats(nobn, v, _batches(x, 8))
+    for bad_passes in (-1, 1.5):
+        with pytest.raises(ConfigError, match="^invalid num_passes="):
+            polish.recompute_batch_stats(model, variables, _batches(x, 8), num_passes=bad_passes)
+    for bad_samples in (0, -1, 2.5):
+        with pytest.raises(ConfigError, match="^invalid num_samples="):
+            polish.recompute_batch_stats(model, variables, _batches(x, 8), num_samples=bad_samples)
+
+
+# --------------------------------------------------------------------------------------------------------
+# validate_config: every rejected kind, and every shipped config passes.
+# --------------------------------------------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
+                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
+
+
+def _with(**overrides):
+    """The default config (eval batch 512) with ``polish.*`` overrides of any type."""
+    d = default.get_config().to_dict()
+    for key, value in overrides.items():
+        d["polish"][key] = value
+    return ml_collections.ConfigDict(d)
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_shipped_config_passes(module):
+    c = module.get_config()
+    polish.validate_config(c, c.num_devices if c.num_devices > 0 else 8)
+    for mode in polish.POLISH_MODES:
+        c.polish.mode = mode
+        polish.validate_config(c, c.num_devices if c.num_devices > 0 else 8)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("mode", "precise_bn"), ("mode", ""),
+    ("num_passes", -1), ("num_passes", 1.5), ("num_passes", NAN),
+    ("num_samples", 0), ("num_samples", -2), ("num_samples", 10.5), ("num_samples", NAN),
+    ("batch_size", -8), ("batch_size", 100), ("batch_size", 8.0), ("batch_size", NAN),
+    ("no_augment_epochs", -1.0), ("no_augment_epochs", NAN), ("no_augment_epochs", INF),
+    ("no_augment_epochs", "5"),
+])
+def test_each_bad_value_names_its_field(field, value):
+    with pytest.raises(ConfigError, match=rf"^invalid config\.polish\.{field}=") as e:
+        polish.validate_config(_with(**{field: value}), 8)
+    assert e.value.field == f"config.polish.{field}"
+
+
+def test_batch_size_zero_means_the_eval_batch_which_must_split_over_the_devices():
+    polish.validate_config(_with(batch_size=0), 8)
+    polish.validate_config(_with(batch_size=24, num_samples=-1, num_passes=3, no_augment_epochs=0.0), 8)
+    with pytest.raises(ConfigError, match=r"config\.polish\.batch_size=0: 0 \(config\.eval_batch_size=512\)"):
+        polish.validate_config(_with(batch_size=0), 7)
