@@ -44,7 +44,9 @@ def _check_range(field: str, value, lo: float, hi: float = math.inf, *, lo_open:
 
 
 def validate_config(config) -> None:
-    """Checks the training recipe: ``config.optimizer.*``, ``config.lr.*``, the length and label smoothing.
+    """Checks the training recipe: ``config.optimizer.*``, ``config.lr.*`` and ``config.label_smoothing``.
+
+    The run's length (``num_epochs``, ``num_train_steps``) is the training loop's setting and checked there.
 
     Needs no data: call it before anything is read or written. NaN and infinities are rejected everywhere.
 
@@ -53,8 +55,7 @@ def validate_config(config) -> None:
         ``lr.end_lr``, ``lr.warmup_epochs``, a weight decay or an epsilon that is not finite and >= 0; a
         ``lr.reference_batch``, ``lr.poly_power`` or ``optimizer.lars_trust_coefficient`` that is not finite
         and > 0; a momentum or LAMB beta outside [0, 1); ``lr.warmup_init`` outside [0, 1];
-        ``label_smoothing`` outside [0, 1); a non-integer ``num_train_steps``; ``num_epochs`` not > 0 when
-        ``num_train_steps`` does not override it.
+        ``label_smoothing`` outside [0, 1).
     """
     o, lr = config.optimizer, config.lr
     check(o.name in OPTIMIZERS, "config.optimizer.name", o.name, f"allowed: {', '.join(OPTIMIZERS)}")
@@ -73,11 +74,6 @@ def validate_config(config) -> None:
     _check_range("config.lr.poly_power", lr.poly_power, 0.0, lo_open=True)
     _check_range("config.lr.end_lr", lr.end_lr, 0.0)
     _check_range("config.label_smoothing", config.label_smoothing, 0.0, 1.0)
-    steps = config.get("num_train_steps", -1)
-    check(isinstance(steps, numbers.Integral) and not isinstance(steps, bool), "config.num_train_steps", steps,
-          "an integer: > 0 overrides num_epochs, <= 0 trains for num_epochs")
-    if steps <= 0:
-        _check_range("config.num_epochs", config.num_epochs, 0.0, lo_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
