@@ -64,17 +64,39 @@ def interleaved(fns: Mapping[Hashable, Callable[[], Any]], *, rounds: int, calls
                   "page_faults_per_call": faults[key] / (rounds * calls)} for key in fns}
 
 
-def compiled_flops(jitted, *args) -> float | None:
-    """FLOPs of one call of ``jitted(*args)``, from XLA's cost analysis of the compiled program.
+def pipelined_seconds(fn: Callable[[], Any], calls: int) -> float:
+    """Mean seconds per call of ``calls`` back-to-back calls, blocking once on the last call's result.
 
-    None when the backend reports none. XLA counts only what it can see: custom calls (jaxsprint.cpu's
-    native kernels) count as zero, so count a program built without them.
+    For asynchronous devices (GPU, TPU): the host queues the next step while the device runs this one, as a
+    training loop does, so the figure is the device's throughput, not a round trip per call.
     """
-    cost = jitted.lower(*args).compile().cost_analysis()
+    import jax
+
+    t = time.perf_counter()
+    out = None
+    for _ in range(calls):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t) / calls
+
+
+def flops_of(compiled) -> float | None:
+    """FLOPs of one call of a compiled XLA program (``jax.jit(f).lower(*args).compile()``), from XLA's cost
+    analysis; None when the backend reports none.
+
+    XLA counts only what it can see: custom calls (jaxsprint.cpu's native kernels) count as zero, so count a
+    program built without them.
+    """
+    cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
         cost = cost[0] if cost else {}
     flops = float((cost or {}).get("flops", 0.0))
     return flops if flops > 0 else None
+
+
+def compiled_flops(jitted, *args) -> float | None:
+    """:func:`flops_of` the program ``jitted(*args)`` compiles to."""
+    return flops_of(jitted.lower(*args).compile())
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
