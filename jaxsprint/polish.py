@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxsprint import parallel
-from jaxsprint.errors import ConfigError, DataError, check
+from jaxsprint.errors import DataError, check
 
 # config.polish.mode: "recompute" runs recompute_batch_stats after training, "no_augment_epochs" trains the last
 # config.polish.no_augment_epochs epochs on un-augmented images (Fujitsu's form), "both" does both.

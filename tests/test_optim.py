@@ -1,14 +1,13 @@
 """Schedules, LARS masking, label smoothing, derived hyper-parameters and the checks of the recipe's settings."""
 import importlib
-import math
 import pkgutil
 import re
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
-import ml_collections
 import pytest
 
 import experiments.configs
