@@ -40,7 +40,7 @@ from absl import app, flags  # noqa: E402
 
 from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
 
-from jaxsprint import hostmem  # noqa: E402
+from jaxsprint import cpu, timing  # noqa: E402
 from jaxsprint.errors import JaxsprintError  # noqa: E402
 from jaxsprint.perf import calibrate, machines, networks  # noqa: E402
 
@@ -55,8 +55,8 @@ flags.DEFINE_list("models", ["resnet8", "resnet20", "resnet32", "resnet56"], "Th
 flags.DEFINE_list("batches", ["4", "8", "16", "32", "64"], "Batch sizes of the step timings.")
 flags.DEFINE_list("holdout_batches", ["8", "32"], "Batch sizes held out of the fit (predicted).")
 flags.DEFINE_list("holdout_models", [], "Models held out of the fit (predicted).")
-flags.DEFINE_enum("conv_impl", "fast", ["fast", "xla"], "Convolution of the timed steps "
-                  "(config.conv_impl of training; fast is what training runs on CPU).")
+flags.DEFINE_enum("cpu_kernels", "auto", list(cpu.MODES), "CPU switch of the timed steps (config.cpu_kernels "
+                  "of training; auto is what training runs on CPU, off is XLA's own convolution and BatchNorm).")
 flags.DEFINE_integer("rounds", 4, "Interleaved timing rounds (each step's best round median is kept).")
 flags.DEFINE_float("min_time_s", 0.2, "Time each step at least this long per round.")
 flags.DEFINE_list("ranks", ["2", "3", "4"], "Process counts of the all-reduce timings (empty: skip).")
@@ -134,18 +134,18 @@ def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
     starts) after the steps were timed on one core; None when nothing was pinned.
     """
     configs = [(m, b) for m in FLAGS.models for b in cfg["batches"]]
-    timed = calibrate.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
-                                          conv_impl=FLAGS.conv_impl, log=lambda s: print(s, flush=True))
+    timed = timing.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
+                                       cpu_kernels=FLAGS.cpu_kernels, log=lambda s: print(s, flush=True))
     if all_cpus is not None:
         os.sched_setaffinity(0, all_cpus)
     steps = []
     for (model, batch), (t, samples) in zip(configs, timed):
-        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, conv_impl=FLAGS.conv_impl,
+        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, cpu_kernels=FLAGS.cpu_kernels,
                           one_core=all_cpus is not None))
         print(f"step {model} batch {batch}: {1e3 * t:.2f} ms (CPU time)", flush=True)
     allreduces = []
     for r in cfg["ranks"]:
-        for a in calibrate.measure_allreduce(r, cfg["sizes"], reps=FLAGS.allreduce_reps,
+        for a in timing.measure_allreduce(r, cfg["sizes"], reps=FLAGS.allreduce_reps,
                                              timeout_s=FLAGS.allreduce_timeout_s):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
             print(f"all-reduce {int(a.message_bytes):>9d} B x {r} processes: "
@@ -250,8 +250,8 @@ def main(argv: list[str]) -> None:
         print(f"error: unexpected arguments {argv[1:]}; all options are --flags", file=sys.stderr)
         sys.exit(2)
     try:
-        # Before JAX starts its threads (see jaxsprint/hostmem.py); the steps run on one device.
-        print(hostmem.configure(), flush=True)
+        # Before JAX starts its threads (see jaxsprint/cpu/hostmem.py); the steps run on one device.
+        print(cpu.configure_host_memory(FLAGS.cpu_kernels), flush=True)
         all_cpus = None
         if not FLAGS.measurements and FLAGS.one_core and hasattr(os, "sched_setaffinity"):
             # One learner per core: JAX's threads, started after this, all share the first CPU.

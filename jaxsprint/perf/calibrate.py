@@ -26,6 +26,9 @@ the Gauss-Newton approximation at the optimum: with ``J = d residual / d log the
 **Jitter.** :func:`estimate_cv` gives the coefficient of variation of repeated step times (a
 robust one: ``1.4826 MAD / median``), the ``cv`` of the model's compute-time distribution.
 
+**Measurements** come in as data (:class:`StepTiming`, :class:`AllreduceTiming`); timing this machine
+is :mod:`jaxsprint.timing`'s job, outside this package.
+
 **Saved presets.** :func:`save_preset` writes a machine and its fit to JSON; :func:`load_preset`
 reads it back (the predict and search launchers take it with ``--machine_file``).
 """
@@ -381,169 +384,6 @@ def estimate_cv(samples: Sequence[Sequence[float]]) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Measuring this machine
-# ----------------------------------------------------------------------------------------------
-
-
-def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4,
-                        min_time_s: float = 0.2, min_reps: int = 3, image_size: int = 32,
-                        conv_impl: str = "fast", log: Any = None) -> list[tuple[float, list[float]]]:
-    """Process CPU seconds of train steps of this project's models (``jaxsprint.train``).
-
-    Each ``(model name, batch)`` is :func:`jaxsprint.train.make_train_step` with momentum SGD
-    (5 passes over the parameters in the update), jitted, on one device. All steps are compiled
-    first; then ``rounds`` rounds go over all of them in turn (interleaved, so that a burst of
-    other work on a shared machine hits every configuration in some rounds only), each timing a
-    step until ``min_time_s`` and ``min_reps`` are reached and keeping the median. The result of
-    a configuration is its best round (other work only ever adds time).
-
-    Args:
-      configs: ``(model name of jaxsprint.models, batch size)`` pairs.
-      rounds: Interleaved rounds.
-      min_time_s: Time each configuration at least this long per round.
-      min_reps: Steps timed per configuration and round, at least.
-      image_size: Input height and width (CIFAR: 32).
-      conv_impl: The models' convolution, as ``config.conv_impl`` of training: "fast" (this
-        project's custom-VJP convolution, what training runs on CPU; its batch is never split,
-        since the calibration models one learner per core) or "xla" (XLA's own gradient).
-      log: Optional ``print``-like callable for progress lines.
-
-    Returns:
-      ``[(seconds, all samples)]`` in the order of ``configs``.
-    """
-    import time
-
-    import optax as _optax
-
-    from jaxsprint import models as project_models
-    from jaxsprint import train as project_train
-
-    runners = []
-    for name, batch in configs:
-        model = project_models.create_model(name, num_classes=10,
-                                            conv_general_dilated=project_train.conv_fn(conv_impl),
-                                            native_stats=project_train.native_stats(conv_impl))
-        step = jax.jit(project_train.make_train_step(model=model, num_classes=10),
-                       compiler_options=project_train.compiler_options(conv_impl))
-        state = project_train.create_train_state(jax.random.PRNGKey(0), model,
-                                                 _optax.sgd(0.1, momentum=0.9),
-                                                 (1, image_size, image_size, 3))
-        x = jnp.ones((batch, image_size, image_size, 3), jnp.float32)
-        y = jnp.zeros((batch,), jnp.int32)
-
-        def once(holder=[state], step=step, x=x, y=y) -> float:  # noqa: B006 (per-step state)
-            t = time.process_time()
-            holder[0], metrics = step(holder[0], x, y)
-            jax.block_until_ready(metrics)
-            return time.process_time() - t
-
-        once(), once()  # compile, warm up
-        runners.append(once)
-        if log:
-            log(f"compiled {name} batch {batch}")
-    best = [math.inf] * len(configs)
-    samples: list[list[float]] = [[] for _ in configs]
-    for r in range(rounds):
-        for i, once in enumerate(runners):
-            times, start = [], time.perf_counter()
-            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
-                times.append(once())
-            samples[i] += times
-            best[i] = min(best[i], float(np.median(times)))
-        if log:
-            log(f"round {r + 1}/{rounds} done")
-    return list(zip(best, samples))
-
-
-_WORKER = """
-import json, os, sys, time
-args = json.loads(sys.argv[1])
-import jax
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=f"localhost:{args['port']}",
-                           num_processes=args["ranks"], process_id=args["rank"],
-                           initialization_timeout=int(args["timeout_s"]))
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-mesh = Mesh(np.array(jax.devices()), ("d",))
-out = {}
-for nbytes in args["sizes"]:
-    local = np.ones((1, max(1, nbytes // 4)), np.float32)
-    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
-    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
-                              out_specs=P("d")))
-    y = f(x); y.block_until_ready(); y = f(x); y.block_until_ready()
-    best = float("inf")
-    for _ in range(args["rounds"]):
-        ts = []
-        for _ in range(args["reps"]):
-            t = time.perf_counter(); y = f(x); y.block_until_ready(); ts.append(time.perf_counter() - t)
-        best = min(best, float(np.median(ts)))
-    assert float(np.asarray(y.addressable_data(0)).ravel()[0]) == args["ranks"]
-    out[str(nbytes)] = best
-if args["rank"] == 0:
-    print("RESULT " + json.dumps(out), flush=True)
-jax.distributed.shutdown()
-"""
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
-
-
-def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10, rounds: int = 2,
-                      timeout_s: float = 120.0) -> list[AllreduceTiming]:
-    """Wall seconds of an all-reduce (``psum``) over ``ranks`` local JAX processes on CPU.
-
-    Starts ``ranks`` Python processes joined by :func:`jax.distributed.initialize` on a free
-    localhost port (gloo CPU collectives, one CPU device each); each size is all-reduced
-    ``reps`` times per round and the best round's median of rank 0 is kept.
-
-    Raises:
-      CalibrationError: ``ranks < 2``, or the processes fail or exceed ``timeout_s`` (they are
-        then killed).
-    """
-    import subprocess
-    import sys
-
-    if int(ranks) < 2:
-        raise CalibrationError(f"ranks={ranks!r} is not allowed; allowed: an integer >= 2")
-    port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    procs = []
-    try:
-        for rank in range(ranks):
-            args = dict(rank=rank, ranks=int(ranks), port=port, sizes=[int(s) for s in sizes_bytes],
-                        reps=int(reps), rounds=int(rounds), timeout_s=max(1, int(timeout_s)))
-            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(args)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          env=env))
-        outs = [p.communicate(timeout=timeout_s) for p in procs]
-    except subprocess.TimeoutExpired:
-        raise CalibrationError(f"the all-reduce over {ranks} processes did not finish within "
-                               f"{timeout_s:g} s (allreduce_timeout_s); the processes were stopped") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        if p.returncode != 0:
-            tail = err.strip().splitlines()[-1] if err.strip() else "no message"
-            raise CalibrationError(f"an all-reduce process over {ranks} ranks failed (exit "
-                                   f"{p.returncode}): {tail}")
-    line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise CalibrationError(f"the all-reduce over {ranks} processes printed no result")
-    result = json.loads(line[len("RESULT "):])
-    return [AllreduceTiming(float(k), int(ranks), float(v), f"allreduce {int(k)} B x {ranks}")
-            for k, v in result.items()]
-
-
-# ----------------------------------------------------------------------------------------------
 # Saved presets
 # ----------------------------------------------------------------------------------------------
 
@@ -591,5 +431,4 @@ def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
 
 __all__ = ["AllreduceTiming", "CalibrationError", "FitResult", "PRESET_FORMAT", "StepTiming",
            "allreduce_time_s", "default_bounds", "estimate_cv", "fit", "load_preset",
-           "measure_allreduce", "measure_train_steps", "predict_timings", "save_preset",
-           "step_time_s"]
+           "predict_timings", "save_preset", "step_time_s"]

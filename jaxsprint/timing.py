@@ -1,0 +1,199 @@
+"""Timing this machine for the performance model: real train steps and real all-reduces.
+
+The measurements that :func:`jaxsprint.perf.calibrate.fit` turns into machine figures. This module sits
+outside :mod:`jaxsprint.perf` on purpose: the model stays pure jnp and imports nothing of the training
+stack, while timing a step needs the project's models and train step (:mod:`jaxsprint.models`,
+:mod:`jaxsprint.train`, the CPU switch of :mod:`jaxsprint.cpu`).
+
+* :func:`measure_train_steps`: process CPU seconds of the project's jitted train step (momentum SGD) for
+  ``(model, batch)`` pairs, interleaved rounds, best round's median.
+* :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
+  :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsprint.errors import ConfigError, check
+from jaxsprint.perf.calibrate import AllreduceTiming
+
+__all__ = ["measure_allreduce", "measure_train_steps"]
+
+
+def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4, min_time_s: float = 0.2,
+                        min_reps: int = 3, image_size: int = 32, cpu_kernels: str = "auto",
+                        log: Callable[[str], object] | None = None) -> list[tuple[float, list[float]]]:
+    """Process CPU seconds of train steps of this project's models.
+
+    Each ``(model name, batch)`` is :func:`jaxsprint.train.make_train_step` with momentum SGD (5 passes over
+    the parameters in the update), jitted, on one device. All steps are compiled first; then ``rounds``
+    rounds go over all of them in turn (interleaved, so that a burst of other work on a shared machine hits
+    every configuration in some rounds only), each timing a step until ``min_time_s`` and ``min_reps`` are
+    reached and keeping the median. The result of a configuration is its best round (other work only ever
+    adds time).
+
+    Args:
+      configs: ``(model name of jaxsprint.models, batch size)`` pairs.
+      rounds: Interleaved rounds.
+      min_time_s: Time each configuration at least this long per round.
+      min_reps: Steps timed per configuration and round, at least.
+      image_size: Input height and width (CIFAR: 32).
+      cpu_kernels: The CPU switch of training (:func:`jaxsprint.cpu.acceleration`): "auto" and "require"
+        time the custom-VJP convolution and native kernels that training runs on CPU, "off" XLA's own.
+      log: Optional ``print``-like callable for progress lines.
+
+    Returns:
+      ``[(seconds, all samples)]`` in the order of ``configs``.
+
+    Raises:
+      ConfigError: ``rounds`` or ``min_reps`` below 1, an unknown ``cpu_kernels`` mode.
+    """
+    check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    # Imported here, not at the top: refits and all-reduce timings do not need the training stack.
+    import optax
+
+    from jaxsprint import cpu, models, train
+
+    accel = cpu.acceleration(cpu_kernels, field="cpu_kernels")
+    if log:
+        log(accel.describe())
+    runners = []
+    for name, batch in configs:
+        model = models.create_model(name, num_classes=10, **accel.model_kwargs())
+        step = jax.jit(train.make_train_step(model=model, num_classes=10),
+                       compiler_options=accel.compiler_options)
+        state = train.create_train_state(jax.random.PRNGKey(0), model, optax.sgd(0.1, momentum=0.9),
+                                         (1, image_size, image_size, 3))
+        x = jnp.ones((batch, image_size, image_size, 3), jnp.float32)
+        y = jnp.zeros((batch,), jnp.int32)
+
+        def once(holder=[state], step=step, x=x, y=y) -> float:  # noqa: B006 (per-step state)
+            t = time.process_time()
+            holder[0], metrics = step(holder[0], x, y)
+            jax.block_until_ready(metrics)
+            return time.process_time() - t
+
+        once(), once()  # compile, warm up
+        runners.append(once)
+        if log:
+            log(f"compiled {name} batch {batch}")
+    best = [math.inf] * len(configs)
+    samples: list[list[float]] = [[] for _ in configs]
+    for r in range(rounds):
+        for i, once in enumerate(runners):
+            times, start = [], time.perf_counter()
+            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
+                times.append(once())
+            samples[i] += times
+            best[i] = min(best[i], float(np.median(times)))
+        if log:
+            log(f"round {r + 1}/{rounds} done")
+    return list(zip(best, samples))
+
+
+# One rank of the all-reduce timing, run as `python -c _WORKER '<json args>'` in its own process.
+_WORKER = """
+import json, os, sys, time
+args = json.loads(sys.argv[1])
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"localhost:{args['port']}",
+                           num_processes=args["ranks"], process_id=args["rank"],
+                           initialization_timeout=int(args["timeout_s"]))
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("d",))
+out = {}
+for nbytes in args["sizes"]:
+    local = np.ones((1, max(1, nbytes // 4)), np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
+                              out_specs=P("d")))
+    y = f(x); y.block_until_ready(); y = f(x); y.block_until_ready()
+    best = float("inf")
+    for _ in range(args["rounds"]):
+        ts = []
+        for _ in range(args["reps"]):
+            t = time.perf_counter(); y = f(x); y.block_until_ready(); ts.append(time.perf_counter() - t)
+        best = min(best, float(np.median(ts)))
+    assert float(np.asarray(y.addressable_data(0)).ravel()[0]) == args["ranks"]
+    out[str(nbytes)] = best
+if args["rank"] == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10, rounds: int = 2,
+                      timeout_s: float = 120.0) -> list[AllreduceTiming]:
+    """Wall seconds of an all-reduce (``psum``) over ``ranks`` local JAX processes on CPU.
+
+    Starts ``ranks`` Python processes joined by :func:`jax.distributed.initialize` on a free localhost port
+    (gloo CPU collectives, one CPU device each); each size is all-reduced ``reps`` times per round and the
+    best round's median of rank 0 is kept.
+
+    Args:
+      ranks: Processes (>= 2).
+      sizes_bytes: Message sizes, bytes per rank.
+      reps: All-reduces timed per size and round.
+      rounds: Rounds per size.
+      timeout_s: Stop the processes after this long.
+
+    Returns:
+      One :class:`~jaxsprint.perf.calibrate.AllreduceTiming` per size.
+
+    Raises:
+      ConfigError: ``ranks < 2``, ``reps`` or ``rounds`` below 1, or the processes exceed ``timeout_s``
+        (they are then killed).
+      RuntimeError: a process failed or printed no result (the message ends with its last stderr line).
+    """
+    check(not isinstance(ranks, bool) and int(ranks) == ranks and int(ranks) >= 2, "ranks", ranks,
+          "an integer >= 2")
+    check(int(reps) >= 1 and int(rounds) >= 1, "reps, rounds", (reps, rounds), "integers >= 1")
+    check(timeout_s > 0, "timeout_s", timeout_s, "a number > 0")
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = []
+    try:
+        for rank in range(ranks):
+            args = dict(rank=rank, ranks=int(ranks), port=port, sizes=[int(s) for s in sizes_bytes],
+                        reps=int(reps), rounds=int(rounds), timeout_s=max(1, int(timeout_s)))
+            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(args)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise ConfigError("timeout_s", timeout_s, f"enough for the all-reduce over {ranks} processes "
+                                                  "(it did not finish; the processes were stopped)") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            tail = err.strip().splitlines()[-1] if err.strip() else "no message"
+            raise RuntimeError(f"an all-reduce process over {ranks} ranks failed (exit {p.returncode}): {tail}")
+    line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"the all-reduce over {ranks} processes printed no result")
+    result = json.loads(line[len("RESULT "):])
+    return [AllreduceTiming(float(k), int(ranks), float(v), f"allreduce {int(k)} B x {ranks}")
+            for k, v in result.items()]
