@@ -107,10 +107,18 @@ def test_worker_processes_do_not_change_the_batches():
     want = [next(it) for _ in range(5)]
     workers = make(2)
     try:
-        got = [next(workers) for _ in range(5)]
+        got = [next(workers) for _ in range(3)]
+        state = workers.get_state()
     finally:
         workers.close()
+    resumed = make(2)
+    try:
+        resumed.set_state(state)  # a state saved with workers restores into the same number of workers
+        got += [next(resumed) for _ in range(2)]
+    finally:
+        resumed.close()
         gc.collect()
+    assert len(got) == len(want) == 5
     for a, b in zip(want, got):
         np.testing.assert_array_equal(a["image"], b["image"])
         np.testing.assert_array_equal(a["label"], b["label"])
@@ -173,8 +181,8 @@ def test_iterator_checkpoint_with_the_train_state_restores_the_next_batches(tmp_
     params = {"w": jnp.arange(4.0) * k}
     manager.save(k, args=ocp.args.Composite(state=ocp.args.StandardSave(params),
                                             train_iterator=pipeline.checkpoint_args(it)))
+    want = [next(it) for _ in range(m)]  # before the (asynchronous) save finishes: the state is taken at save
     manager.wait_until_finished()
-    want = [next(it) for _ in range(m)]
     manager.close()
 
     fresh = make()
@@ -185,6 +193,7 @@ def test_iterator_checkpoint_with_the_train_state_restores_the_next_batches(tmp_
     np.testing.assert_array_equal(restored["state"]["w"], params["w"])
     assert pipeline.position(fresh) == k
     got = [next(fresh) for _ in range(m)]
+    assert len(got) == len(want) == 5
     for a, b in zip(want, got):
         np.testing.assert_array_equal(a["image"], b["image"])
         np.testing.assert_array_equal(a["label"], b["label"])
