@@ -60,12 +60,12 @@ def main(argv):
     print(f"default model ({config.model}, {config.image_size}x{config.image_size}, batch {b}, "
           f"{exp.mesh.size} devices)")
     print(benchlib.format_table(["what", "value"], [
-        ["train step", f"{b / t_step:8.0f} img/s"],
-        ["polishing forward pass (moments)", f"{b / t_fwd:8.0f} img/s"],
-        ["ratio pass / train step", f"{t_step / t_fwd:11.2f}x"],
-        [f"whole polish ({info['passes']} passes x {exp.dataset.num_train} images)", f"{t_pass:10.2f} s"],
-        [f"one training epoch ({exp.hp.steps_per_epoch} steps)", f"{epoch_s:10.2f} s"],
-        ["polish / epoch", f"{t_pass / epoch_s:11.2f}x"]]))
+        ["train step", f"{b / t_step:.0f} img/s"],
+        ["polishing forward pass (moments)", f"{b / t_fwd:.0f} img/s"],
+        ["ratio pass / train step", f"{t_step / t_fwd:.2f}x"],
+        [f"whole polish ({info['passes']} passes x {exp.dataset.num_train} images)", f"{t_pass:.2f} s"],
+        [f"one training epoch ({exp.hp.steps_per_epoch} steps)", f"{epoch_s:.2f} s"],
+        ["polish / epoch", f"{t_pass / epoch_s:.2f}x"]]))
 
 
 if __name__ == "__main__":
