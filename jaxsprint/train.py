@@ -22,10 +22,11 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxsprint import async_emulation, checkpoint, cpu, metrics as metrics_lib, models, optim, parallel, polish
+from jaxsprint import async_emulation, checkpoint, cpu, metrics as metrics_lib, models, optim, parallel, pipeline
 from jaxsprint import data as data_lib
+from jaxsprint import polish
 from jaxsprint import staleness
-from jaxsprint.errors import ConfigError, NonFiniteError, check
+from jaxsprint.errors import CheckpointError, NonFiniteError, check
 
 
 class TrainState(train_state.TrainState):
@@ -216,20 +217,12 @@ class Experiment:
         init = jax.jit(lambda key: create_train_state(key, self.model, self.tx, shape), out_shardings=rep)
         return init(jax.random.key(self.config.seed))
 
-    def host_batch(self, source, indices: np.ndarray) -> dict[str, np.ndarray]:
-        local = data_lib.host_slice(indices, jax.process_index(), jax.process_count())
-        return source.get_batch(local)
-
     def evaluate(self, variables, split: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss over a whole split (exact: the padded tail is masked)."""
         source = self.dataset.test if split == "test" else self.dataset.train
         totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-        eb = self.config.eval_batch_size
-        for idx, mask in data_lib.eval_batches(len(source), eb):
-            batch = self.host_batch(source, idx)
-            local_mask = data_lib.host_slice(mask, jax.process_index(), jax.process_count())
-            arrays = parallel.shard_batch({"image": batch["image"], "label": batch["label"], "mask": local_mask},
-                                          self.mesh)
+        for batch in pipeline.eval_iterator(source, global_batch=self.config.eval_batch_size):
+            arrays = parallel.shard_batch(batch, self.mesh)
             out = self.eval_step(variables, self.eval_preprocess(arrays["image"]), arrays["label"], arrays["mask"])
             for k, v in jax.device_get(out).items():
                 totals[k] += float(v)
@@ -238,16 +231,15 @@ class Experiment:
 
     def polish_batches(self, num_samples: int) -> list[dict[str, np.ndarray]]:
         """Un-augmented training batches for the recompute pass: a fixed random subset, padded and masked."""
-        n = self.dataset.num_train
-        count = n if num_samples < 0 else min(num_samples, n)
-        order = data_lib.epoch_permutation(self.config.seed, 10**6, n)[:count]  # a fixed subset, every class
+        order = pipeline.polish_indices(self.config.seed, self.dataset.num_train, num_samples)
         bsz = self.config.polish.batch_size or self.config.eval_batch_size
-        out = []
-        for idx, mask in data_lib.eval_batches(count, bsz):
-            batch = self.host_batch(self.dataset.train, order[idx])
-            out.append({"image": batch["image"],
-                        "mask": data_lib.host_slice(mask, jax.process_index(), jax.process_count())})
-        return out
+        return [{"image": b["image"], "mask": b["mask"]}
+                for b in pipeline.eval_iterator(self.dataset.train, global_batch=bsz, indices=order)]
+
+    def train_iterator(self):
+        """This host's training batches from step 0 (a grain iterator; its position is checkpointed)."""
+        return pipeline.train_iterator(self.dataset.train, seed=self.config.seed,
+                                       global_batch=self.hp.global_batch)
 
     def polish(self, state: TrainState, info: dict | None = None) -> dict:
         """Final Polishing of `state`'s weights on un-augmented training images (``config.polish``)."""
@@ -401,7 +393,8 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     hp = exp.hp
     state = exp.init_state()
     mgr = checkpoint.manager(workdir, config.keep_checkpoints)
-    state, start_step, polished_stats = _resume(mgr, state)
+    batches = exp.train_iterator()
+    state, start_step, polished_stats = _resume(mgr, state, batches)
     writer = metrics_lib.MetricWriter(workdir)
     window = _Window(exp, writer)
     eval_every = every_steps(config.eval_every_epochs, hp.steps_per_epoch)
@@ -410,7 +403,7 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     progress = _Progress(config, hp.total_steps, start_step)
     last_eval: dict[str, float] = {}
     step = start_step
-    for step, images, labels, weights, k in _step_inputs(exp, start_step, end_step):
+    for step, images, labels, weights, k in _step_inputs(exp, batches, start_step, end_step):
         state, m = exp.train_step(state, images, labels, weights)
         window.pending.append((step, m if k is None else dict(m, minibatch_k=k)))
         if is_time(step, config.log_every_steps, end_step) or is_time(step, eval_every, end_step):
@@ -422,14 +415,14 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
                  f"{100 * last_eval['accuracy']:.2f}% loss {last_eval['loss']:.4f}")
             window.pause()
         if step < end_step and is_time(step, ckpt_every, end_step):
-            checkpoint.save(mgr, step, state, _checkpoint_extras(state))
+            checkpoint.save(mgr, step, state, _checkpoint_extras(state), batches)
         progress.update(window.last)
     progress.close()
     if not last_eval:
         last_eval = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
     polished_eval, polish_time, polished_stats = _final_polish(exp, state, step, polished_stats, last_eval, writer)
     if mgr.latest_step() != step:
-        checkpoint.save(mgr, step, state, _checkpoint_extras(state, polished_stats))
+        checkpoint.save(mgr, step, state, _checkpoint_extras(state, polished_stats), batches)
     mgr.wait_until_finished()
     writer.close()
     summary = _summary(exp, step, window, last_eval, polished_eval, polish_time, time.time() - t_start)
@@ -446,20 +439,24 @@ def load_checkpoint(exp: Experiment, workdir: str) -> tuple[TrainState, int, Any
     state = exp.init_state()
     if mgr.latest_step() is None:
         return None
-    return _resume(mgr, state)
+    return _resume(mgr, state, exp.train_iterator())
 
 
-def _resume(mgr, state: TrainState) -> tuple[TrainState, int, Any]:
-    """(state, step, polished statistics or None) of the latest checkpoint; the fresh state at step 0."""
-    restored = checkpoint.restore(mgr, state, _checkpoint_extras(state))
+def _resume(mgr, state: TrainState, batches) -> tuple[TrainState, int, Any]:
+    """(state, step, polished statistics or None) of the latest checkpoint, with `batches` set to where that
+    run's data iterator stood; the fresh state at step 0 when there is none."""
+    restored = checkpoint.restore(mgr, state, _checkpoint_extras(state), batches)
     if restored is None:
         return state, 0, None
     state, extra, step = restored
+    if pipeline.position(batches) != step:
+        raise CheckpointError("checkpoint step", step, f"its data iterator stands at batch "
+                              f"{pipeline.position(batches)}; the checkpoint is inconsistent")
     _say(f"resumed from the checkpoint at step {step}")
     return state, step, extra["polished_batch_stats"] if int(extra["polished"]) else None
 
 
-def _step_inputs(exp: Experiment, start_step: int, end_step: int):
+def _step_inputs(exp: Experiment, batches, start_step: int, end_step: int):
     """Yields ``(step number after the update, images, labels, example weights, K or None)`` per update.
 
     Images are augmented with a key folded from the step, except in the last ``polish.no_augment_epochs``
@@ -473,13 +470,8 @@ def _step_inputs(exp: Experiment, start_step: int, end_step: int):
     # Unit example weights, placed on the devices once (not every step) when the mini-batch is not emulated.
     ones = parallel.shard_batch({"w": np.ones(hp.global_batch // jax.process_count(), np.float32)}, exp.mesh)["w"]
 
-    def host_batches():
-        for s in range(start_step, end_step):
-            idx = data_lib.train_batch_indices(config.seed, s, exp.dataset.num_train, hp.global_batch)
-            yield exp.host_batch(exp.dataset.train, idx)
-
-    for step, batch in enumerate(data_lib.prefetch(host_batches()), start=start_step):
-        arrays = parallel.shard_batch(batch, exp.mesh)
+    for step in range(start_step, end_step):
+        arrays = parallel.shard_batch(next(batches), exp.mesh)
         key = jax.random.fold_in(base_key, step)
         if step >= no_aug_from:
             images = exp.eval_preprocess(arrays["image"])

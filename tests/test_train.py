@@ -145,7 +145,7 @@ def test_bad_async_config_names_the_field():
     c = _config(**{"async_emulation.enabled": True, "async_emulation.sampler": "pmf",
                    "async_emulation.pmf": (0.5, 0.6), "async_emulation.max_staleness": 1})
     with pytest.raises(ConfigError, match="config.async_emulation"):
-        train.make_async_emulation(c)
+        train.build_experiment(c)
 
 
 def test_scanned_accumulation_equals_unrolled():
@@ -167,7 +167,7 @@ def test_scanned_accumulation_equals_unrolled():
 def test_native_kernels_in_scanned_accumulation_over_devices():
     """The CPU fast convolution (native kernels where built) inside the accumulation scan, batch sharded over
     the fake devices: the update equals the one with XLA's convolution, and the kernels are in the program."""
-    from jaxsprint import models, native, parallel
+    from jaxsprint import cpu, models, parallel
 
     mesh = parallel.make_mesh(-1)
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
@@ -177,9 +177,9 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
     y = jax.device_put(rng.integers(0, 10, n).astype(np.int32), dat)
     w = jax.device_put(np.ones(n, np.float32), dat)
     params, programs = {}, {}
-    for impl in ("xla", "auto"):
-        model = models.create_model("resnet8", num_classes=10, conv_general_dilated=train.conv_fn(impl),
-                                    native_stats=train.native_stats(impl))
+    for impl in ("off", "auto"):
+        accel = cpu.acceleration(impl)
+        model = models.create_model("resnet8", num_classes=10, **accel.model_kwargs())
         tx = optax.sgd(0.1, momentum=0.9)
         state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, 16, 16, 3)),
                         out_shardings=rep)(jax.random.key(0))
@@ -189,11 +189,11 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
         programs[impl] = f.lower(state, x, y, w).compile().as_text()
         params[impl] = jax.device_get(f(state, x, y, w)[0].params)
     assert "while" in programs["auto"]  # the scanned accumulation
-    if native.available():
+    if accel.kernels:
         assert "jaxsprint_conv_filter_grad_f32" in programs["auto"]
         # No activation is gathered: the only all-gathers are of BatchNorm's per-shard (sum, M2), [devices, 2, C].
         gathered = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", programs["auto"])
         n_dev = jax.device_count()
         assert all(re.fullmatch(rf"f32\[{n_dev},2,\d+\]", g) for g in gathered), gathered
         assert "jaxsprint_channel_products_f32" in programs["auto"]
-    assert _max_diff(params["xla"], params["auto"]) < 1e-6
+    assert _max_diff(params["off"], params["auto"]) < 1e-6
