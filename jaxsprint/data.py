@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
-import threading
 import importlib.util
 import math
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -440,61 +438,3 @@ def make_preprocess_fns(config, dataset: Dataset) -> tuple[Callable, Callable]:
         images, out_size=config.image_size, crop_fraction=dataset.eval_crop_fraction, mean=dataset.mean,
         std=dataset.std)
     return train_fn, eval_fn
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Legacy index bookkeeping, superseded by `jaxsprint.pipeline` (grain): kept only while train.py still calls
-# it; delete this section (and its tests) when the loop reads through `pipeline.train_iterator`.
-
-
-def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The order of the training set in `epoch`: a function of (seed, epoch) only."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def train_batch_indices(seed: int, step: int, n: int, global_batch: int, *, shuffle: bool = True) -> np.ndarray:
-    """Indices of the global training batch of `step` (the last partial batch of an epoch is dropped)."""
-    steps_per_epoch = n // global_batch
-    epoch, i = divmod(step, steps_per_epoch)
-    order = epoch_permutation(seed, epoch, n) if shuffle else np.arange(n)
-    return order[i * global_batch:(i + 1) * global_batch]
-
-
-def host_slice(global_indices: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
-    """This host's contiguous part of a global batch (global batch divisible by the process count)."""
-    per_host = len(global_indices) // process_count
-    return global_indices[process_index * per_host:(process_index + 1) * per_host]
-
-
-def eval_batches(n: int, global_batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Sequential (indices, mask) covering 0..n-1 once; the last batch is padded (mask 0) to `global_batch`."""
-    for start in range(0, n, global_batch):
-        idx = np.arange(start, min(start + global_batch, n))
-        mask = np.ones(global_batch, np.float32)
-        if len(idx) < global_batch:
-            mask[len(idx):] = 0.0
-            idx = np.concatenate([idx, np.zeros(global_batch - len(idx), idx.dtype)])
-        yield idx, mask
-
-
-def prefetch(iterator: Iterator, size: int = 2) -> Iterator:
-    """Runs `iterator` in a background thread, `size` items ahead, so the step never waits on the host."""
-    q: queue.Queue = queue.Queue(maxsize=size)
-    sentinel = object()
-
-    def worker():
-        try:
-            for item in iterator:
-                q.put(item)
-        except BaseException as e:  # handed to the consumer
-            q.put(e)
-        q.put(sentinel)
-
-    threading.Thread(target=worker, daemon=True).start()
-    while True:
-        item = q.get()
-        if item is sentinel:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item

@@ -64,30 +64,6 @@ def test_random_resized_crop_box_respects_ranges():
     assert np.all(np.asarray(x0 + w) <= 32 + 1e-4)
 
 
-def test_shuffling_is_deterministic_per_epoch_and_covers_the_data():
-    a = data.epoch_permutation(3, 0, 100)
-    np.testing.assert_array_equal(a, data.epoch_permutation(3, 0, 100))
-    assert not np.array_equal(a, data.epoch_permutation(3, 1, 100))
-    assert sorted(a) == list(range(100))
-    seen = np.concatenate([data.train_batch_indices(3, s, 100, 32) for s in range(3)])  # 3 steps = epoch 0
-    assert len(set(seen)) == 96
-    np.testing.assert_array_equal(data.train_batch_indices(3, 3, 100, 32), data.epoch_permutation(3, 1, 100)[:32])
-
-
-def test_host_slices_partition_the_global_batch():
-    idx = np.arange(64) * 7
-    parts = [data.host_slice(idx, p, 4) for p in range(4)]
-    np.testing.assert_array_equal(np.concatenate(parts), idx)
-
-
-def test_eval_batches_cover_each_example_once():
-    seen = []
-    for idx, mask in data.eval_batches(21, 8):
-        assert len(idx) == 8
-        seen += list(idx[mask > 0])
-    assert seen == list(range(21))
-
-
 def test_tfds_mock_cifar10_and_imagenet_read_through_data_source(tmp_path):
     with tfds.testing.mock_data(num_examples=12):
         ds = data.load_tfds("cifar10", str(tmp_path), image_size=32)
