@@ -7,7 +7,7 @@ optimizer: a :class:`Sampler` is a pure function of a PRNG key returning an int3
 and :func:`minibatch_weights` turns a draw of ``K`` into weights over the sub-batches of a fixed global batch.
 :mod:`jaxsprint.staleness` consumes the staleness samplers in its delayed-gradient transform.
 
-Staleness convention: ``tau = 0`` is synchronous SGD, as in the performance model (``docs/sprint-model.md``:
+Staleness convention: ``tau = 0`` is synchronous SGD, as in the performance model (``docs/perf-model.md``, "The protocol",
 "S = u - 1 - v"), so a predicted staleness pmf indexes directly as ``pmf[tau]``. Mini-batch convention:
 ``k_pmf[k] = P(K = k)`` with ``k_pmf[0] = 0`` (an update uses at least one sub-batch).
 
@@ -339,7 +339,7 @@ def sampler_from_perf_model(
                                           max_staleness=config.async_emulation.max_staleness,
                                           tail="renormalize")
 
-    The pmf must follow the convention of ``docs/sprint-model.md``: ``pmf[s] = P(S = s)`` with
+    The pmf must follow the convention of ``docs/perf-model.md``, "The protocol": ``pmf[s] = P(S = s)`` with
     ``S = u - 1 - v`` (0 = synchronous), which is the ``tau`` of the delayed-gradient model.
 
     Args:
