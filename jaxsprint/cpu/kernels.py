@@ -11,8 +11,8 @@ kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3) algori
 them for the forward and the stride-1 input gradient where they are faster than XLA's). Output channels must
 be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread
 per call when the process has several devices, which already run concurrently). The kernels
-(``conv_kernels.cc``) are compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++``)
-for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
+(``conv_kernels.cc``, ``bn_kernels.cc``, ``kernels_common.h``: one library) are compiled on first use with
+the machine's C++ compiler (``$CXX``, else ``g++``) for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
 ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and
 the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
 installed by hand: a machine without a compiler simply does not get the kernels, :func:`available` says why,
@@ -55,7 +55,9 @@ from jax.sharding import PartitionSpec as P
 __all__ = ["affine_act", "available", "channel_moments", "channel_products", "channel_stats_supported", "conv",
            "conv_supported", "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv_kernels.cc")
+_DIR = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = tuple(os.path.join(_DIR, f) for f in ("conv_kernels.cc", "bn_kernels.cc"))  # one library
+_HEADERS = (os.path.join(_DIR, "kernels_common.h"),)
 _TARGET = "jaxsprint_conv_filter_grad_f32"
 _SYMBOL = "JaxsprintConvFilterGradF32"
 _CONV_TARGET = "jaxsprint_conv_f32"
@@ -112,8 +114,10 @@ def _build() -> str:
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (set CXX)")
-    with open(_SOURCE, "rb") as fh:
-        source = fh.read()
+    source = b""
+    for path in _SOURCES + _HEADERS:
+        with open(path, "rb") as fh:
+            source += fh.read() + b"\0"
     key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), cxx.encode(),
                                      jaxlib.__version__.encode(), _cpu_flags().encode()])).hexdigest()[:16]
     out_dir = _cache_dir()
@@ -123,11 +127,11 @@ def _build() -> str:
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), _SOURCE, "-o", tmp, "-lpthread"]
+    cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), "-I", _DIR, *_SOURCES, "-o", tmp, "-lpthread"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
-            raise RuntimeError(f"compiling {os.path.basename(_SOURCE)} failed: {r.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"compiling {', '.join(map(os.path.basename, _SOURCES))} failed: {r.stderr.strip()[-2000:]}")
         os.replace(tmp, lib)  # atomic: a concurrent build of the same key writes the same bytes
     finally:
         if os.path.exists(tmp):
