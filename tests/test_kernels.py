@@ -26,7 +26,7 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 
 def test_native_kernels_equal_lax_directly():
-    """The kernels themselves, on every case (the router in jaxsprint.conv sends only some shapes there)."""
+    """The kernels themselves, on every case (the router in jaxsprint.cpu.conv sends only some shapes there)."""
     require_kernels()
 
     def both(data):
