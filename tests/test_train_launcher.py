@@ -17,10 +17,11 @@ def _run(*args, timeout=300):
                           text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_launcher_trains_on_builtin_digits(tmp_path):
-    r = _run(f"--workdir={tmp_path}")
+@pytest.mark.parametrize("dataset", ["digits", "mnist5k"])
+def test_launcher_trains_on_builtin_data(tmp_path, dataset):
+    r = _run(f"--workdir={tmp_path}", f"--config.dataset={dataset}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "eval top-1 accuracy" in r.stdout
+    assert "eval top-1 accuracy" in r.stdout and f"{dataset} / tiny" in r.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["devices"] == 8 and 0.0 <= summary["eval_accuracy"] <= 1.0
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
