@@ -20,21 +20,23 @@ naming the flag. Takes a few seconds on a laptop (``--plot`` adds the simulation
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
-from absl import app, flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxsprint.cli import parse_flags  # noqa: F401  (app.run below; in-process tests)
+from absl import flags  # noqa: E402
 
-from jaxsprint.errors import JaxsprintError
-from jaxsprint.perf import calibrate, collectives, machines, networks, simulate, sprint
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import ConfigError  # noqa: E402
+from jaxsprint.perf import collectives, machines, networks, presets, simulate, sprint, zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("machine", None, f"Machine preset: {', '.join(machines.PRESETS)}.")
 flags.DEFINE_string("machine_file", None, "A calibrated machine preset (JSON written by "
                     "experiments/calibrate.py) instead of --machine (spec mode).")
-flags.DEFINE_string("network", None, f"Network of the zoo: {', '.join(sorted(networks.ZOO))}.")
+flags.DEFINE_string("network", None, f"Network of the zoo: {', '.join(sorted(zoo.ZOO))}.")
 flags.DEFINE_integer("nodes", 1, "Nodes (spec mode).")
 flags.DEFINE_integer("gpus_per_node", None, "Learners per node (spec mode; default: the machine's).")
 flags.DEFINE_string("allreduce", "ring", f"Inter-node all-reduce: {', '.join(collectives.ALGORITHMS)}.")
@@ -51,85 +53,61 @@ flags.DEFINE_integer("seed", 0, "Simulator seed for --plot.")
 
 JSON_KEYS = ("t_compute_s", "t_update_s", "epoch_time_s", "updates_per_epoch", "mean_minibatch",
              "mean_staleness", "minibatch_pmf", "staleness_pmf")
+_TIMINGS = ("workers", "t_compute", "t_update")
+_SPECS = ("machine", "machine_file", "network")
 
 
-class PredictError(JaxsprintError):
-    """A bad combination of flags (the message names the flags)."""
-
-
-def _resolve(values: dict[str, Any]) -> dict[str, Any]:
+def resolve() -> dict[str, Any]:
     """Validates the flags; returns the configuration (mode, N, T_c, T_u, cv, ...)."""
-    timing_flags = [k for k in ("workers", "t_compute", "t_update") if values[k] is not None]
-    spec_flags = [k for k in ("machine", "machine_file", "network") if values[k] is not None]
+    given = lambda names: [k for k in names if FLAGS[k].value is not None]  # noqa: E731
+    timing_flags, spec_flags = given(_TIMINGS), given(_SPECS)
+    cv, b, n_file = FLAGS.t_compute_cv, FLAGS.sub_batch, FLAGS.dataset_size
     if timing_flags and spec_flags:
-        raise PredictError(f"--{timing_flags[0]} and --{spec_flags[0]} were both given; allowed: "
-                           "either --machine and --network (spec mode) or --workers, --t_compute "
-                           "and --t_update (timings mode)")
-    cv, b, n_file = values["t_compute_cv"], values["sub_batch"], values["dataset_size"]
+        raise ConfigError(f"--{spec_flags[0]}", FLAGS[spec_flags[0]].value,
+                          f"not given with --{timing_flags[0]}: either --machine and --network (spec mode) or "
+                          "--workers, --t_compute and --t_update (timings mode)")
     if timing_flags:
-        missing = [k for k in ("workers", "t_compute", "t_update") if values[k] is None]
-        if missing:
-            raise PredictError(f"--{missing[0]} is missing; timings mode needs --workers, "
-                               "--t_compute and --t_update")
-        sprint.validate_timings(values["workers"], values["t_compute"], values["t_update"], cv, b,
-                                n_file)
-        return dict(mode="timings", workers=int(values["workers"]), warnings=[],
-                    t_compute_s=float(values["t_compute"]), t_update_s=float(values["t_update"]),
-                    cv=float(cv), sub_batch=int(b), dataset_size=int(n_file))
-    if values["machine"] is not None and values["machine_file"] is not None:
-        raise PredictError(f"--machine={values['machine']} and --machine_file={values['machine_file']} "
-                           "were both given; allowed: one of them")
-    if not spec_flags or len(spec_flags) < 2:
-        missing = "network" if values["machine"] or values["machine_file"] else "machine"
-        raise PredictError(f"--{missing} is missing; give --machine and --network (spec mode) or "
-                           "--workers, --t_compute and --t_update (timings mode)")
+        for k in _TIMINGS:
+            if FLAGS[k].value is None:
+                raise ConfigError(f"--{k}", None, "required in timings mode (--workers, --t_compute, --t_update)")
+        sprint.validate_timings(FLAGS.workers, FLAGS.t_compute, FLAGS.t_update, cv, b, n_file)
+        return dict(mode="timings", workers=FLAGS.workers, warnings=[], t_compute_s=FLAGS.t_compute,
+                    t_update_s=FLAGS.t_update, cv=cv, sub_batch=b, dataset_size=n_file)
     sprint.validate_timings(1, 1.0, 1.0, cv, b, n_file)
-    if values["allreduce"] not in collectives.ALGORITHMS:
-        raise PredictError(f"allreduce={values['allreduce']!r} is unknown; allowed: "
-                           f"{', '.join(collectives.ALGORITHMS)}")
-    if values["machine_file"] is not None:
-        machine = calibrate.load_preset(values["machine_file"])[0]
-    else:
-        machine = machines.get(values["machine"])
-    net = networks.get(values["network"])
-    g = values["gpus_per_node"]
-    g = int(float(machine.gpus_per_node)) if g is None else g
-    warnings = sprint.validate_config(net, machine, values["nodes"], g, b, n_file)
-    p = sprint.predict(net, machine, float(values["nodes"]), float(g), float(b), float(n_file),
-                       algorithm=values["allreduce"])
-    return dict(mode="specs", workers=int(values["nodes"]) * g, warnings=warnings,
-                t_compute_s=float(p.t_compute_s), t_update_s=float(p.t_update_s), cv=float(cv),
-                sub_batch=int(b), dataset_size=int(n_file), machine=machine, network=net,
-                nodes=int(values["nodes"]), gpus_per_node=g)
+    machine = presets.load_machine(FLAGS.machine, FLAGS.machine_file)
+    if FLAGS.network is None:
+        raise ConfigError("--network", None, f"required in spec mode: one of {', '.join(sorted(zoo.ZOO))}")
+    if FLAGS.allreduce not in collectives.ALGORITHMS:
+        raise ConfigError("--allreduce", FLAGS.allreduce, f"one of {', '.join(collectives.ALGORITHMS)}")
+    net = zoo.get(FLAGS.network)
+    g = int(float(machine.gpus_per_node)) if FLAGS.gpus_per_node is None else FLAGS.gpus_per_node
+    warnings = sprint.validate_config(net, machine, FLAGS.nodes, g, b, n_file)
+    p = sprint.predict(net, machine, float(FLAGS.nodes), float(g), float(b), float(n_file),
+                       algorithm=FLAGS.allreduce)
+    return dict(mode="specs", workers=FLAGS.nodes * g, warnings=warnings, t_compute_s=float(p.t_compute_s),
+                t_update_s=float(p.t_update_s), cv=cv, sub_batch=b, dataset_size=n_file, machine=machine,
+                network=net, nodes=FLAGS.nodes, gpus_per_node=g)
 
 
-def run_prediction(cfg: dict[str, Any]) -> tuple[dict[str, Any], sprint.Distributions]:
+def prediction(cfg: dict[str, Any]) -> tuple[dict[str, Any], sprint.Distributions]:
     """Model outputs of a resolved configuration: the JSON object and the distributions."""
     n, tc, tu, cv, b = cfg["workers"], cfg["t_compute_s"], cfg["t_update_s"], cfg["cv"], cfg["sub_batch"]
     p = sprint.predict_from_timings(n, tc, tu, b, cfg["dataset_size"])
     d = sprint.distributions(n, tc, tu, cv, **sprint.suggest_windows(n, tc, tu, cv))
-    out = {
-        "t_compute_s": float(p.t_compute_s),
-        "t_update_s": float(p.t_update_s),
-        "epoch_time_s": float(p.epoch_time_s),
-        "updates_per_epoch": float(p.updates_per_epoch),
-        "mean_minibatch": float(p.mean_minibatch),
-        "mean_staleness": float(p.mean_staleness),
-        "minibatch_pmf": sprint.pmf_items(int(d.count_offset), d.count_pmf, scale=b),
-        "staleness_pmf": sprint.pmf_items(int(d.staleness_offset), d.staleness_pmf),
-    }
-    assert tuple(out) == JSON_KEYS
+    out = {k: float(getattr(p, k)) for k in JSON_KEYS[:6]}
+    out["minibatch_pmf"] = sprint.pmf_items(int(d.count_offset), d.count_pmf, scale=b)
+    out["staleness_pmf"] = sprint.pmf_items(int(d.staleness_offset), d.staleness_pmf)
     return out, d
 
 
-def _table(cfg: dict[str, Any], out: dict[str, Any], d: sprint.Distributions) -> str:
+def table(cfg: dict[str, Any], out: dict[str, Any], d: sprint.Distributions) -> str:
+    """Human-readable report."""
     lines = []
     if cfg["mode"] == "specs":
-        m, net = cfg["machine"], cfg["network"]
-        lines.append(f"configuration: {networks.describe(net)}")
-        lines.append(f"               on {m.description}")
-        lines.append(f"               {cfg['nodes']} nodes x {cfg['gpus_per_node']} learners, "
-                     f"sub-batch {cfg['sub_batch']}, all-reduce {FLAGS.allreduce}")
+        lines += [f"configuration: {networks.describe(cfg['network'])}",
+                  f"               on {cfg['machine'].description}",
+                  f"               {cfg['nodes']} nodes x {cfg['gpus_per_node']} learners, "
+                  f"sub-batch {cfg['sub_batch']}, all-reduce {FLAGS.allreduce}"]
     else:
         lines.append(f"configuration: {cfg['workers']} learners, sub-batch {cfg['sub_batch']}")
     lines.append(f"               compute-time cv {cfg['cv']:g}, dataset {cfg['dataset_size']:,} samples")
@@ -151,7 +129,8 @@ def _table(cfg: dict[str, Any], out: dict[str, Any], d: sprint.Distributions) ->
     return "\n".join(lines)
 
 
-def _plot(path: str, cfg: dict[str, Any], d: sprint.Distributions) -> None:
+def plot(path: str, cfg: dict[str, Any], d: sprint.Distributions) -> None:
+    """Both pmfs of the model next to the simulator's histograms."""
     import matplotlib  # optional dependency (the "plot" extra)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -182,29 +161,18 @@ def _plot(path: str, cfg: dict[str, Any], d: sprint.Distributions) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}; all options are --flags", file=sys.stderr)
-        sys.exit(2)
-    values = {name: FLAGS[name].value for name in FLAGS if name in _OUR_FLAGS}
-    try:
-        cfg = _resolve(values)
-        out, d = run_prediction(cfg)
-    except JaxsprintError as e:  # every error of jaxsprint.perf names the field
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError("arguments", argv[1:], "none besides --flags")
+    cfg = resolve()
+    out, d = prediction(cfg)
     if FLAGS.plot:
-        _plot(FLAGS.plot, cfg, d)
+        plot(FLAGS.plot, cfg, d)
     if FLAGS.json:
         print(json.dumps(out))
-    else:
-        print(_table(cfg, out, d))
-        if FLAGS.plot:
-            print(f"wrote {FLAGS.plot}")
-
-
-_OUR_FLAGS = ("machine", "machine_file", "network", "nodes", "gpus_per_node", "allreduce", "workers", "t_compute",
-              "t_update", "t_compute_cv", "sub_batch", "dataset_size", "json", "plot", "sim_cycles",
-              "seed")
+        return
+    print(table(cfg, out, d))
+    if FLAGS.plot:
+        print(f"wrote {FLAGS.plot}")
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

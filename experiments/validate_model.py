@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from jaxsprint.perf import machines, networks, simulate, sprint
+from jaxsprint.perf import machines, simulate, sprint, zoo
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_configs", 500, "Random configurations with gamma jitter (cv > 0).")
@@ -193,7 +193,7 @@ def speed() -> dict[str, float]:
     """Configurations per second of jitted, vmapped model calls."""
     n = FLAGS.speed_configs
     rng = np.random.default_rng(0)
-    net, m = networks.get("resnet50"), machines.get("tsubame_kfc_dl")
+    net, m = zoo.get("resnet50"), machines.get("tsubame_kfc_dl")
     nodes = jnp.asarray(rng.integers(1, 65, n), jnp.float32)
     gpus = jnp.asarray(rng.integers(1, 9, n), jnp.float32)
     sub = jnp.asarray(rng.integers(1, 97, n), jnp.float32)

@@ -1,19 +1,31 @@
 """The SPRINT performance model in JAX (pure jnp: jit, vmap and grad work).
 
+Nothing here imports the training stack (:mod:`jaxsprint.train`, :mod:`jaxsprint.models`,
+:mod:`jaxsprint.data`); measuring this machine is :mod:`jaxsprint.timing`, outside this package.
+
 Modules:
-  networks: per-layer FLOPs, bytes and parameters (layer spec, zoo, flax via XLA cost analysis).
+  networks: per-layer FLOPs, bytes and parameters (layer spec, builder, flax via XLA cost analysis).
+  zoo: cost tables of published CNNs and of the calibration families, by name.
   machines: machine presets with units and the source of every number.
   collectives: ring / tree / Rabenseifner / hierarchical all-reduce in the alpha-beta form.
-  sprint: compute and updater times, epoch time, mini-batch and staleness distributions.
+  times: layer, device-step, learner (T_c) and updater (T_u) times.
+  sprint: epoch time, exact means, mini-batch and staleness distributions; launcher-side checks.
   simulate: discrete-event simulator of the same protocol (numpy), the judge of the model.
+  space: configuration spaces, targets and their exact evaluation.
+  search: gradient-based and grid search over a space.
+  sensitivity: elasticities of the epoch time w.r.t. the machine's figures.
+  calibrate: fitting machine figures to measured timings; held-out checks.
+  presets: saved machine presets and measurement files (JSON).
 
 Example::
 
-    from jaxsprint.perf import machines, networks, sprint
-    p = sprint.predict(networks.get("resnet50"), machines.get("tsubame_kfc_dl"),
+    from jaxsprint.perf import machines, sprint, zoo
+    p = sprint.predict(zoo.get("resnet50"), machines.get("tsubame_kfc_dl"),
                        nodes=16, gpus_per_node=8, sub_batch=32)
     d = sprint.distributions(128, p.t_compute_s, p.t_update_s, cv=0.05)
 """
-from jaxsprint.perf import collectives, machines, networks, simulate, sprint
+from jaxsprint.perf import (calibrate, collectives, machines, networks, presets, search, sensitivity, simulate,
+                            space, sprint, times, zoo)
 
-__all__ = ["collectives", "machines", "networks", "simulate", "sprint"]
+__all__ = ["calibrate", "collectives", "machines", "networks", "presets", "search", "sensitivity", "simulate",
+           "space", "sprint", "times", "zoo"]

@@ -3,16 +3,19 @@ r"""Calibration of a machine's figures to measured timings, by gradient descent 
 A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a
 sub-batch, the measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks,
 seconds). :func:`fit` adjusts chosen fields ``theta_k`` of a :class:`~jaxsprint.perf.machines.Machine`
-to minimise the mean squared log-error
+to minimise the mean log-error loss
 
 .. math::
     \mathcal{L}(\theta) = \sum_{kind} \frac{1}{|kind|} \sum_{i \in kind}
-        \big(\log \hat t_i(\theta) - \log t_i\big)^2,
+        \rho\big(\log \hat t_i(\theta) - \log t_i\big),
 
-each kind (steps, all-reduces) weighted equally. Bounds hold by construction:
+each kind (steps, all-reduces) weighted equally, with ``rho(r) = r^2`` (``loss="squared"``) or the
+robust ``rho(r) = 2 s^2 (sqrt(1 + (r / s)^2) - 1)`` (``loss="soft_l1"``, scale ``s``: quadratic for
+``|r| << s``, linear beyond, so a few run-to-run outliers pull less; the same form as
+``scipy.optimize.least_squares(loss="soft_l1", f_scale=s)``). Bounds hold by construction:
 ``log theta_k = log lo_k + (log hi_k - log lo_k) sigmoid(u_k)``, and Adam (optax) runs on ``u``
 from several starts (the machine's own values and random points, one ``vmap``), keeping the best.
-The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.sprint.device_step_time_s` plus
+The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.times.device_step_time_s` plus
 the optimiser's passes over the parameters); of an all-reduce, :func:`allreduce_time_s`
 (:func:`jaxsprint.perf.collectives.allreduce_time_s` plus ``updater_overhead_s``, the fixed
 cost of one collective call, which ``T_u`` also carries once per updater cycle).
@@ -20,37 +23,37 @@ cost of one collective call, which ``T_u`` also carries once per updater cycle).
 **Fit error.** Besides the residuals, each fitted figure gets a relative standard error from
 the Gauss-Newton approximation at the optimum: with ``J = d residual / d log theta``,
 ``s^2 = sum r^2 / (n - k)`` and ``Cov(log theta) ~ s^2 (J^T J)^{-1}`` (Seber and Wild,
-*Nonlinear Regression*, 1989, sec. 2.1). A figure at a bound, or one the data cannot see
-(``J`` column near zero), is flagged.
+*Nonlinear Regression*, 1989, sec. 2.1; for ``soft_l1`` the same squared-loss approximation at the
+robust optimum). A figure at a bound, or one the data cannot see (``J`` column near zero), is flagged.
+
+**Held-out checks.** :func:`holdout_split` draws a random held-out share; :func:`leave_one_group_out`
+refits once per group (e.g. per network) and predicts the group left out; :func:`error_stats`
+summarises relative errors.
 
 **Jitter.** :func:`estimate_cv` gives the coefficient of variation of repeated step times (a
 robust one: ``1.4826 MAD / median``), the ``cv`` of the model's compute-time distribution.
 
 **Measurements** come in as data (:class:`StepTiming`, :class:`AllreduceTiming`); timing this machine
-is :mod:`jaxsprint.timing`'s job, outside this package.
-
-**Saved presets.** :func:`save_preset` writes a machine and its fit to JSON; :func:`load_preset`
-reads it back (the predict and search launchers take it with ``--machine_file``).
+is :mod:`jaxsprint.timing`'s job, outside this package, and reading measurement and preset files is
+:mod:`jaxsprint.perf.presets`'.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxsprint.errors import JaxsprintError
-from jaxsprint.perf import collectives, machines, sprint
+from jaxsprint.errors import check
+from jaxsprint.perf import collectives, machines, times
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 
-PRESET_FORMAT = "jaxsprint-machine-1"
+LOSSES = ("squared", "soft_l1")
 # Efficiency-like fields live in (0, 1]; the others default to 1/1000..1000 times their value.
 _UNIT_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight", "memory_efficiency",
                 "norm_memory_efficiency", "maxpool_backward_memory_efficiency")
@@ -61,10 +64,6 @@ _UNIT_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight"
 # kernels run for 3x3 stride-1 layers, does 2.25x fewer), so its effective rate can be above the peak.
 _CONV_EFFICIENCY_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight")
 _MAX_CONV_EFFICIENCY = 4.0
-
-
-class CalibrationError(JaxsprintError):
-    """Bad calibration input or preset file (the message names the field or the path)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +104,7 @@ def step_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
     parameters, gradients and optimiser state through memory).
     """
     update = update_passes * BYTES_PER_VALUE * network.total_params / machine.memory_bandwidth_bytes_per_s
-    return sprint.device_step_time_s(network, machine, sub_batch) + update
+    return times.device_step_time_s(network, machine, sub_batch) + update
 
 
 def allreduce_time_s(machine: Machine, message_bytes: jax.Array, ranks: jax.Array, *,
@@ -172,7 +171,7 @@ class FitResult:
       at_bound: Fields that ended within 3% (relative) of a bound.
       step_errors: Relative errors ``predicted / measured - 1`` of the step timings.
       allreduce_errors: The same for the all-reduce timings.
-      loss: Final loss (mean squared log-error, kinds weighted equally).
+      loss: Final loss (mean of ``rho`` of the log-errors, kinds weighted equally).
       start_losses: Final loss of every start.
     """
 
@@ -187,15 +186,9 @@ class FitResult:
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly summary: fitted values with their errors and the residual statistics."""
-        def stats(e):
-            e = np.abs(np.asarray(e))
-            if e.size == 0:
-                return None
-            return dict(n=int(e.size), median_abs_error=float(np.median(e)),
-                        mean_abs_error=float(np.mean(e)), max_abs_error=float(np.max(e)))
         return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound,
-                    loss=self.loss, steps=stats(self.step_errors),
-                    allreduces=stats(self.allreduce_errors))
+                    loss=self.loss, steps=error_stats(self.step_errors),
+                    allreduces=error_stats(self.allreduce_errors))
 
     def table(self) -> str:
         """The fitted figures with their relative standard errors."""
@@ -233,7 +226,7 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
         allreduces: Sequence[AllreduceTiming] = (), *, fields: Sequence[str],
         bounds: dict[str, tuple[float, float]] | None = None, tied: dict[str, str] | None = None,
         starts: int = 6, num_steps: int = 1500, learning_rate: float = 0.05, seed: int = 0,
-        algorithm: str = "ring") -> FitResult:
+        algorithm: str = "ring", loss: str = "squared", loss_scale: float = 0.1) -> FitResult:
     """Fits ``fields`` of ``machine`` to measured timings (see the module docstring).
 
     Args:
@@ -248,34 +241,34 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
       learning_rate: Initial Adam step size in the unbounded variables.
       seed: Seed of the random starts.
       algorithm: All-reduce algorithm of the model.
+      loss: ``"squared"`` or ``"soft_l1"`` (module docstring).
+      loss_scale: Scale ``s`` of ``soft_l1``, in log units (0.1: about 10%).
 
     Returns:
       :class:`FitResult`.
 
     Raises:
-      CalibrationError: no timings, an unknown field, bounds that are not ``0 < lo < hi``, a
-        non-positive or non-finite measured time, fewer timings than fitted fields.
+      ConfigError: no timings, an unknown field, bounds that are not ``0 < lo < hi``, a
+        non-positive or non-finite measured time, more fitted fields than timings, an unknown loss, a fit
+        that overflowed from every start.
     """
     steps, allreduces = list(steps), list(allreduces)
     fields = list(fields)
     tied = dict(tied or {})
-    if not steps and not allreduces:
-        raise CalibrationError("no timings to fit; give step and/or all-reduce timings")
+    n_timings = len(steps) + len(allreduces)
+    check(n_timings > 0, "timings", n_timings, "at least one step or all-reduce timing")
     for f in fields + list(tied) + list(tied.values()):
-        if f not in machines._FIELDS:
-            raise CalibrationError(f"field={f!r} is unknown; allowed: {', '.join(machines._FIELDS)}")
+        check(f in machines.FIELDS, "field", f, f"a machine figure: one of {', '.join(machines.FIELDS)}")
     for t in steps + allreduces:
-        if not (math.isfinite(t.measured_s) and t.measured_s > 0):
-            raise CalibrationError(f"measured_s={t.measured_s!r} of {t.label or t} is not allowed; "
-                                   "allowed: a finite time > 0")
-    if len(steps) + len(allreduces) < len(fields):
-        raise CalibrationError(f"{len(steps) + len(allreduces)} timings cannot fit {len(fields)} "
-                               "fields; allowed: at least as many timings as fields")
+        check(math.isfinite(t.measured_s) and t.measured_s > 0, "measured_s", t.measured_s,
+              f"a finite time > 0 (timing {t.label or t})")
+    check(len(fields) <= n_timings, "fields", fields, f"at most as many fields as timings ({n_timings})")
+    check(loss in LOSSES, "loss", loss, f"one of {', '.join(LOSSES)}")
+    check(math.isfinite(loss_scale) and loss_scale > 0, "loss_scale", loss_scale, "a finite number > 0")
     bounds = {**default_bounds(machine, fields), **(bounds or {})}
     for f in fields:
         lo, hi = bounds[f]
-        if not 0 < lo < hi:
-            raise CalibrationError(f"bounds[{f!r}]={bounds[f]!r} are not allowed; allowed: 0 < lo < hi")
+        check(0 < lo < hi, f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
     log_lo = jnp.asarray([math.log(bounds[f][0]) for f in fields], jnp.float32)
     log_hi = jnp.asarray([math.log(bounds[f][1]) for f in fields], jnp.float32)
     groups = _group(steps)
@@ -291,13 +284,18 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
         ps, pa = _predict(machine_of(log_theta), groups, allreduces, algorithm)
         return jnp.log(ps) - log_step, jnp.log(pa) - log_ar
 
+    def rho(r):
+        if loss == "squared":
+            return r ** 2
+        return 2.0 * loss_scale ** 2 * (jnp.sqrt(1.0 + (r / loss_scale) ** 2) - 1.0)
+
     def loss_theta(log_theta):
         rs, ra = residuals(log_theta)
         total = jnp.float32(0.0)
         if steps:
-            total = total + jnp.mean(rs ** 2)
+            total = total + jnp.mean(rho(rs))
         if allreduces:
-            total = total + jnp.mean(ra ** 2)
+            total = total + jnp.mean(rho(ra))
         return total
 
     def to_theta(u):
@@ -327,9 +325,8 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
     u_rand = jax.random.normal(jax.random.PRNGKey(seed), (max(starts - 1, 0), len(fields))) * 1.5
     u_final, losses = run(jnp.concatenate([u_first[None], u_rand]))
     losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)  # a start that overflowed loses
-    if not bool(jnp.isfinite(jnp.min(losses))):
-        raise CalibrationError(f"the fit of {', '.join(fields)} did not converge from any of {starts} starts "
-                               "(the model overflowed); fit fewer fields or narrow their bounds")
+    check(bool(jnp.isfinite(jnp.min(losses))), "fields", fields,
+          f"fewer fields or narrower bounds: the fit overflowed from every one of {starts} starts")
     best = int(jnp.argmin(losses))
     log_theta = to_theta(u_final[best])
     fitted_machine = machine_of(log_theta)
@@ -378,57 +375,62 @@ def estimate_cv(samples: Sequence[Sequence[float]]) -> float:
         if s.size >= 3:
             med = float(np.median(s))
             cvs.append(1.4826 * float(np.median(np.abs(s - med))) / med)
-    if not cvs:
-        raise CalibrationError("estimate_cv needs at least one configuration with 3 or more samples")
+    check(bool(cvs), "samples", [len(s) for s in samples], "at least one configuration with 3 or more samples")
     return float(np.median(cvs))
 
 
 # ----------------------------------------------------------------------------------------------
-# Saved presets
+# Held-out checks
 # ----------------------------------------------------------------------------------------------
 
 
-def save_preset(path: str, machine: Machine, **extra: Any) -> None:
-    """Writes ``machine`` (every figure, its sources) and ``extra`` (fit summary, cv, ...) as JSON."""
-    data = dict(format=PRESET_FORMAT, name=machine.name, description=machine.description,
-                figures={f: float(getattr(machine, f)) for f in machines._FIELDS},
-                sources=dict(machine.sources), **extra)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(data, fh, indent=1, default=float)
+def error_stats(errors: Sequence[float]) -> dict[str, float] | None:
+    """``{n, median_abs_error, mean_abs_error, max_abs_error}`` of relative errors (None when empty)."""
+    e = np.abs(np.asarray(errors, np.float64))
+    if e.size == 0:
+        return None
+    return dict(n=int(e.size), median_abs_error=float(np.median(e)), mean_abs_error=float(np.mean(e)),
+                max_abs_error=float(np.max(e)))
 
 
-def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
-    """Reads a preset written by :func:`save_preset`: ``(machine, the whole JSON object)``.
+def holdout_split(n: int, fraction: float, seed: int = 0) -> np.ndarray:
+    """A random held-out mask of ``n`` timings: ``round(fraction n)`` of them, drawn by a permutation.
 
-    Raises:
-      CalibrationError: a missing or unreadable file, another format, a missing or invalid figure.
+    The held-out ones are the last ``round(fraction n)`` of ``np.random.default_rng(seed).permutation(n)``.
     """
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise CalibrationError(f"machine_file={path!r} does not exist; allowed: a JSON preset "
-                               "written by experiments/calibrate.py") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"machine_file={path!r} cannot be read ({e}); allowed: a JSON preset "
-                               "written by experiments/calibrate.py") from None
-    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
-        raise CalibrationError(f"machine_file={path!r} is not a machine preset; allowed: a JSON "
-                               f"object with format={PRESET_FORMAT!r}")
-    try:
-        figures = dict(data["figures"])
-        figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
-        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
-                                  {str(k): str(v) for k, v in data.get("sources", {}).items()},
-                                  **figures)
-    except machines.MachineError as e:
-        raise CalibrationError(f"machine_file={path!r}: {e}") from None
-    except (KeyError, TypeError):
-        raise CalibrationError(f"machine_file={path!r} has no 'figures' object") from None
-    return m, data
+    check(0.0 <= fraction < 1.0, "holdout_fraction", fraction, "a number >= 0 and < 1")
+    order = np.random.default_rng(seed).permutation(n)
+    held = np.zeros(n, bool)
+    held[order[n - int(round(fraction * n)):]] = True
+    return held
 
 
-__all__ = ["AllreduceTiming", "CalibrationError", "FitResult", "PRESET_FORMAT", "StepTiming",
-           "allreduce_time_s", "default_bounds", "estimate_cv", "fit", "load_preset",
-           "predict_timings", "save_preset", "step_time_s"]
+def leave_one_group_out(machine: Machine, steps: Sequence[StepTiming], groups: Sequence[Hashable], *,
+                        fields: Sequence[str], **fit_kwargs: Any) -> dict[Hashable, np.ndarray]:
+    """Relative errors of each group's steps predicted by a fit on the other groups' steps.
+
+    Args:
+      machine: Starting machine of every fit.
+      steps: Measured steps.
+      groups: A group per step (e.g. its network's name).
+      fields: Fields to fit.
+      **fit_kwargs: Further arguments of :func:`fit`.
+
+    Returns:
+      ``{group: predicted / measured - 1 of its steps}`` in the order of first appearance.
+    """
+    steps, groups = list(steps), list(groups)
+    check(len(groups) == len(steps), "groups", len(groups), f"one group per step ({len(steps)})")
+    out = {}
+    for g in dict.fromkeys(groups):
+        held = [s for s, k in zip(steps, groups) if k == g]
+        rest = [s for s, k in zip(steps, groups) if k != g]
+        r = fit(machine, rest, fields=fields, **fit_kwargs)
+        pred, _ = predict_timings(r.machine, held)
+        out[g] = np.asarray(pred) / np.asarray([s.measured_s for s in held]) - 1.0
+    return out
+
+
+__all__ = ["AllreduceTiming", "FitResult", "LOSSES", "StepTiming", "allreduce_time_s", "default_bounds",
+           "error_stats", "estimate_cv", "fit", "holdout_split", "leave_one_group_out", "predict_timings",
+           "step_time_s"]

@@ -30,13 +30,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxsprint.errors import JaxsprintError
+from jaxsprint.errors import ConfigError
 
 ALGORITHMS = ("ring", "tree", "rabenseifner")
-
-
-class CollectiveError(JaxsprintError):
-    """Unknown algorithm name."""
 
 
 def _rounds(n: jax.Array, exact_rounds: bool) -> jax.Array:
@@ -90,7 +86,7 @@ def allreduce_time_s(message_bytes: jax.Array, n: jax.Array, latency_s: jax.Arra
       Seconds.
 
     Raises:
-      CollectiveError: unknown algorithm.
+      ConfigError: an unknown algorithm.
     """
     if algorithm == "ring":
         return ring_allreduce_time_s(message_bytes, n, latency_s, bandwidth_bytes_per_s)
@@ -100,7 +96,7 @@ def allreduce_time_s(message_bytes: jax.Array, n: jax.Array, latency_s: jax.Arra
     if algorithm == "rabenseifner":
         return rabenseifner_allreduce_time_s(message_bytes, n, latency_s, bandwidth_bytes_per_s,
                                              exact_rounds=exact_rounds)
-    raise CollectiveError(f"algorithm={algorithm!r} is unknown; allowed: {', '.join(ALGORITHMS)}")
+    raise ConfigError("algorithm", algorithm, f"one of {', '.join(ALGORITHMS)}")
 
 
 def hierarchical_allreduce_time_s(message_bytes: jax.Array, nodes: jax.Array,
@@ -136,6 +132,6 @@ def hierarchical_allreduce_time_s(message_bytes: jax.Array, nodes: jax.Array,
     return 2.0 * intra + inter
 
 
-__all__ = ["ALGORITHMS", "CollectiveError", "allreduce_time_s", "bus_bandwidth_factor",
+__all__ = ["ALGORITHMS", "allreduce_time_s", "bus_bandwidth_factor",
            "hierarchical_allreduce_time_s", "rabenseifner_allreduce_time_s",
            "ring_allreduce_time_s", "tree_allreduce_time_s"]

@@ -32,13 +32,9 @@ import math
 
 import numpy as np
 
-from jaxsprint.errors import JaxsprintError
+from jaxsprint.errors import ConfigError
 
 JITTERS = ("gamma", "lognormal")
-
-
-class SimulationError(JaxsprintError):
-    """Invalid simulation parameters (the message names the field)."""
 
 
 @dataclasses.dataclass
@@ -89,15 +85,15 @@ class SimResult:
 
 
 def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jitter: str) -> None:
-    if int(n_workers) != n_workers or n_workers < 1:
-        raise SimulationError(f"n_workers={n_workers!r} is not allowed; allowed: an integer >= 1")
+    if isinstance(n_workers, bool) or int(n_workers) != n_workers or n_workers < 1:
+        raise ConfigError("n_workers", n_workers, "an integer >= 1")
     for field, v in (("t_compute_s", t_compute_s), ("t_update_s", t_update_s)):
         if not (math.isfinite(v) and v > 0):
-            raise SimulationError(f"{field}={v!r} is not allowed; allowed: a finite number > 0")
+            raise ConfigError(field, v, "a finite number > 0")
     if not (math.isfinite(cv) and cv >= 0):
-        raise SimulationError(f"cv={cv!r} is not allowed; allowed: a finite number >= 0")
+        raise ConfigError("cv", cv, "a finite number >= 0")
     if jitter not in JITTERS:
-        raise SimulationError(f"jitter={jitter!r} is unknown; allowed: {', '.join(JITTERS)}")
+        raise ConfigError("jitter", jitter, f"one of {', '.join(JITTERS)}")
 
 
 class _Draws:
@@ -291,5 +287,5 @@ def simulate_epoch_time_s(n_workers: int, t_compute_s: float, cv: float = 0.0, *
         horizon *= 1.5
 
 
-__all__ = ["JITTERS", "SimResult", "SimulationError", "simulate", "simulate_epoch_time_s",
+__all__ = ["JITTERS", "SimResult", "simulate", "simulate_epoch_time_s",
            "simulate_events"]

@@ -1,0 +1,154 @@
+"""Files of the performance model: saved machine presets and measured timings, in and out of JSON.
+
+* A **preset** (format :data:`PRESET_FORMAT`) holds a machine's figures and their sources, plus whatever
+  its writer adds (fit summary, jitter, the measurements it was fitted on). :func:`save_preset` writes
+  one, :func:`load_preset` reads it back, :func:`load_machine` takes a preset name or a preset file (the
+  ``--machine`` / ``--machine_file`` flags of the launchers).
+* A **measurement file** is read by :func:`load_measurements` into plain records, which
+  :func:`step_timings` and :func:`allreduce_timings` turn into the inputs of
+  :func:`jaxsprint.perf.calibrate.fit`. Two layouts are read:
+
+  - ``{"measurements": {"steps": [...], "allreduces": [...]}}``: a preset or ``*_measurements.json``
+    written by ``experiments/calibrate.py`` (steps of this project's CIFAR ResNets, by model name and
+    batch; momentum SGD, 5 passes over the parameters in the update);
+  - ``{"records": [{"shape": {...}, "measured_s": ...}]}``: the small-CNN calibration set
+    (``docs/perf-calibration.json``; :func:`jaxsprint.perf.zoo.small_cnn` shapes, each with its batch;
+    plain SGD, 3 passes).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from jaxsprint.errors import ConfigError, DataError
+from jaxsprint.perf import machines, zoo
+from jaxsprint.perf.calibrate import AllreduceTiming, StepTiming
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import NetworkCost
+
+__all__ = ["PRESET_FORMAT", "allreduce_timings", "load_machine", "load_measurements", "load_preset",
+           "save_preset", "step_timings"]
+
+PRESET_FORMAT = "jaxsprint-machine-1"
+_WRITER = "a file written by experiments/calibrate.py"
+# Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
+# writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
+_MOMENTUM_SGD_PASSES = 5.0
+_PLAIN_SGD_PASSES = 3.0
+
+
+def save_preset(path: str, machine: Machine, **extra: Any) -> None:
+    """Writes ``machine`` (every figure, its sources) and ``extra`` (fit summary, cv, ...) as JSON."""
+    data = dict(format=PRESET_FORMAT, name=machine.name, description=machine.description,
+                figures={f: float(getattr(machine, f)) for f in machines.FIELDS},
+                sources=dict(machine.sources), **extra)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1, default=float)
+
+
+def _read_json(path: str, field: str, what: str) -> Any:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise DataError(field, path, f"an existing {what} (no such file)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(field, path, f"a readable {what} ({e})") from None
+
+
+def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
+    """Reads a preset written by :func:`save_preset`: ``(machine, the whole JSON object)``.
+
+    Raises:
+      DataError: a missing or unreadable file, another format, a missing or invalid figure (field
+        ``machine_file``).
+    """
+    what = f"JSON machine preset ({_WRITER})"
+    data = _read_json(path, "machine_file", what)
+    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
+        raise DataError("machine_file", path, f"a {what}: a JSON object with format={PRESET_FORMAT!r}")
+    if not isinstance(data.get("figures"), dict):
+        raise DataError("machine_file", path, f"a {what} with a 'figures' object")
+    figures = dict(data["figures"])
+    figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
+    try:
+        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
+                                  {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
+    except ConfigError as e:
+        raise DataError("machine_file", path, f"a {what} with valid figures ({e})") from None
+    return m, data
+
+
+def load_machine(name: str | None = None, path: str | None = None) -> Machine:
+    """The machine of a preset name (:data:`jaxsprint.perf.machines.PRESETS`) or of a preset file.
+
+    Args:
+      name: A preset name (the ``machine`` flag).
+      path: A preset file (the ``machine_file`` flag).
+
+    Raises:
+      ConfigError: both or neither given, an unknown name.
+      DataError: an unreadable preset file.
+    """
+    if name and path:
+        raise ConfigError("machine_file", path, f"not given together with machine={name!r}: one of them")
+    if path:
+        return load_preset(path)[0]
+    if not name:
+        raise ConfigError("machine", name, f"a preset ({', '.join(machines.PRESETS)}); or give machine_file")
+    return machines.get(name)
+
+
+def load_measurements(path: str, field: str = "measurements") -> dict[str, list[dict[str, Any]]]:
+    """Measured timings of a file (see the module docstring), as ``{"steps": [...], "allreduces": [...]}``.
+
+    A step record has ``model``, ``batch``, ``measured_s``, ``update_passes`` and, for a small CNN,
+    ``shape``; it may carry ``samples`` (every timed step); an all-reduce record has ``bytes``, ``ranks``
+    and ``measured_s``.
+
+    Raises:
+      DataError: an unreadable file or one without measurements (named ``field``).
+    """
+    what = f"measurement file ({_WRITER}, or a small-CNN calibration set)"
+    data = _read_json(path, field, what)
+    if isinstance(data, dict) and isinstance(data.get("records"), list):
+        steps = [dict(model="small_cnn", shape=r["shape"], batch=int(r["shape"]["batch"]),
+                      measured_s=float(r["measured_s"]), update_passes=_PLAIN_SGD_PASSES)
+                 for r in data["records"]]
+        return {"steps": steps, "allreduces": []}
+    meas = data.get("measurements") if isinstance(data, dict) else None
+    if not isinstance(meas, dict) or "steps" not in meas or "allreduces" not in meas:
+        raise DataError(field, path, f"a {what}: holds no measurements")
+    steps = [{"update_passes": _MOMENTUM_SGD_PASSES, **s} for s in meas["steps"]]
+    return {"steps": steps, "allreduces": list(meas["allreduces"])}
+
+
+def _network(record: dict[str, Any]) -> NetworkCost:
+    if record["model"] == "small_cnn":
+        s = record["shape"]
+        return zoo.small_cnn(int(s["size"]), s["widths"], s["pools"], bool(s["bn"]))
+    return zoo.get(record["model"])
+
+
+def step_timings(records: Sequence[dict[str, Any]]) -> list[StepTiming]:
+    """:class:`~jaxsprint.perf.calibrate.StepTiming` of step records (one cost table per distinct network,
+    so that the fit evaluates each network once, vmapped over its batches)."""
+    tables: dict[str, NetworkCost] = {}
+    out = []
+    for r in records:
+        key = json.dumps([r["model"], r.get("shape")], sort_keys=True)
+        if key not in tables:
+            tables[key] = _network(r)
+        label = f"{r['model']} b{r['batch']}" if r["model"] != "small_cnn" else (
+            f"small_cnn {r['shape']['size']}px bn={int(r['shape']['bn'])} {list(r['shape']['widths'])} b{r['batch']}")
+        out.append(StepTiming(tables[key], int(r["batch"]), float(r["measured_s"]),
+                              float(r.get("update_passes", _MOMENTUM_SGD_PASSES)), label))
+    return out
+
+
+def allreduce_timings(records: Sequence[dict[str, Any]]) -> list[AllreduceTiming]:
+    """:class:`~jaxsprint.perf.calibrate.AllreduceTiming` of all-reduce records."""
+    return [AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]),
+                            f"allreduce {int(a['bytes'])} B x {int(a['ranks'])}") for a in records]

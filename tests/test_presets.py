@@ -1,0 +1,87 @@
+"""Tests of jaxsprint.perf.presets: preset round trip and errors, old presets, --machine / --machine_file,
+and both measurement layouts turned into the fit's inputs."""
+import json
+import os
+
+import pytest
+
+from jaxsprint.errors import DataError
+from jaxsprint.perf import calibrate, presets, zoo
+from jaxsprint.perf import machines as mc
+from perf_util import raises_invalid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_preset_roundtrip_and_errors(tmp_path):
+    m = mc.with_figures(mc.get("cpu"), network_latency_s=7e-5)
+    path = tmp_path / "sub" / "machine.json"
+    presets.save_preset(str(path), m, compute_cv=0.03, measurements={"steps": []})
+    back, data = presets.load_preset(str(path))
+    for f in mc.FIELDS:
+        assert float(getattr(back, f)) == pytest.approx(float(getattr(m, f)), rel=1e-6)
+    assert back.name == "cpu" and data["compute_cv"] == 0.03 and back.sources == m.sources
+    missing = str(tmp_path / "missing.json")
+    with raises_invalid("machine_file", missing, "(no such file)", DataError):
+        presets.load_preset(missing)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "other"}))
+    with raises_invalid("machine_file", str(bad), "format='jaxsprint-machine-1'", DataError):
+        presets.load_preset(str(bad))
+    data["figures"]["peak_flops_per_s"] = -1.0
+    bad.write_text(json.dumps(data))
+    with raises_invalid("machine_file", str(bad), "invalid peak_flops_per_s=-1.0", DataError):
+        presets.load_preset(str(bad))
+    bad.write_text("{not json")
+    with raises_invalid("machine_file", str(bad), "a readable JSON machine preset", DataError):
+        presets.load_preset(str(bad))
+
+
+def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):
+    path = tmp_path / "old.json"
+    presets.save_preset(str(path), mc.get("cpu"))
+    data = json.loads(path.read_text())
+    del data["figures"]["half_efficiency_batch"]
+    path.write_text(json.dumps(data))
+    machine, _ = presets.load_preset(str(path))
+    assert float(machine.half_efficiency_batch) == 0.0
+
+
+def test_load_machine_takes_exactly_one_of_name_and_file(tmp_path):
+    path = str(tmp_path / "m.json")
+    presets.save_preset(path, mc.with_figures(mc.get("abci"), network_latency_s=3e-5))
+    assert float(presets.load_machine(None, path).network_latency_s) == pytest.approx(3e-5)
+    assert presets.load_machine("abci").name == "abci"
+    with raises_invalid("machine_file", path, "not given together with machine='abci'"):
+        presets.load_machine("abci", path)
+    with raises_invalid("machine", None, "a preset (tsubame25"):
+        presets.load_machine(None, None)
+    with raises_invalid("machine", "tsubame3", "one of tsubame25"):
+        presets.load_machine("tsubame3")
+
+
+def test_both_measurement_layouts_become_fit_inputs(tmp_path):
+    # The small-CNN calibration set of the cpu preset: 40 plain-SGD steps, no all-reduces.
+    small = presets.load_measurements(os.path.join(ROOT, "docs", "perf-calibration.json"))
+    assert len(small["steps"]) == 40 and small["allreduces"] == []
+    steps = presets.step_timings(small["steps"])
+    assert all(s.update_passes == 3.0 and s.measured_s > 0 for s in steps)
+    first = small["steps"][0]["shape"]
+    assert float(steps[0].network.total_params) == float(zoo.small_cnn(
+        first["size"], first["widths"], first["pools"], first["bn"]).total_params)
+    assert steps[0].sub_batch == first["batch"]
+    # A launcher measurement file: momentum-SGD steps of the CIFAR ResNets, and all-reduces; steps of one
+    # network share its cost table (one vmapped evaluation in the fit).
+    raw = presets.load_measurements(os.path.join(ROOT, "docs", "perf-search-calibration_measurements.json"))
+    steps = presets.step_timings(raw["steps"])
+    assert {s.update_passes for s in steps} == {5.0}
+    by_model = {}
+    for r, s in zip(raw["steps"], steps):
+        by_model.setdefault(r["model"], set()).add(id(s.network))
+    assert all(len(ids) == 1 for ids in by_model.values()) and len(by_model) == 4
+    ars = presets.allreduce_timings(raw["allreduces"])
+    assert ars and all(isinstance(a, calibrate.AllreduceTiming) and a.ranks >= 2 for a in ars)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"steps": []}))
+    with raises_invalid("measurements", str(empty), "holds no measurements", DataError):
+        presets.load_measurements(str(empty))

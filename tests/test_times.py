@@ -1,0 +1,67 @@
+"""Tests of jaxsprint.perf.times: the roofline's smooth corner, the small-batch factor exactly, the split and
+traced evaluations of a table agree, and the learner and updater times by their formulas."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsprint.perf import collectives
+from jaxsprint.perf import machines as mc
+from jaxsprint.perf import networks as nw
+from jaxsprint.perf import times, zoo
+
+
+def test_smooth_max_is_max_up_to_its_corner_width():
+    a = jnp.asarray([1.0, 2.0, 10.0, 0.0])
+    b = jnp.asarray([0.0, 2.0, 1.0, 3.0])
+    got = np.asarray(times.smooth_max(a, b))
+    want = np.maximum(np.asarray(a), np.asarray(b))
+    assert np.all(got >= want) and np.all(got <= want + times.SMOOTH_MAX_EPS / 2 * np.asarray(a + b) + 1e-6)
+    assert float(times.smooth_max(2.0, 2.0)) == pytest.approx(2.0 * (1 + times.SMOOTH_MAX_EPS))
+    ga, gb = jax.grad(lambda x, y: times.smooth_max(x, y), argnums=(0, 1))(2.0, 2.0)
+    assert float(ga) > 0 and float(gb) > 0  # both sides get gradient at the corner
+
+
+def test_small_batch_factor_scales_gemm_passes_exactly_and_is_off_at_zero():
+    """``half_efficiency_batch`` h multiplies every conv/dense pass by 1 + (h / b)^g; 0 changes nothing."""
+    # Memory so fast that every pass is compute-bound, so the factor shows unblended.
+    base = mc.with_figures(mc.get("cpu"), memory_bandwidth_bytes_per_s=1e18, half_efficiency_batch=0.0)
+    net = zoo.get("resnet8")
+    g = float(base.efficiency_sharpness)
+    is_gemm = np.isin(np.asarray(net.kind), [nw.KINDS.index(k) for k in ("conv", "dense")])
+    for b in (2.0, 8.0, 64.0):
+        f0, b0 = times.layer_times_s(net, base, b)
+        f1, b1 = times.layer_times_s(net, mc.with_figures(base, half_efficiency_batch=6.0), b)
+        factor = 1.0 + (6.0 / b) ** g
+        np.testing.assert_allclose(np.asarray(f1)[is_gemm], factor * np.asarray(f0)[is_gemm], rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(b1)[is_gemm], factor * np.asarray(b0)[is_gemm], rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(f1)[~is_gemm], np.asarray(f0)[~is_gemm], rtol=1e-6)
+    # Off: finite gradients (the search's sensitivities differentiate every figure).
+    grad = jax.grad(lambda h: times.device_step_time_s(net, mc.with_figures(base, half_efficiency_batch=h), 4.0))(0.0)
+    assert np.isfinite(float(grad)) and float(grad) == 0.0
+
+
+def test_traced_table_gives_the_split_evaluation():
+    # A concrete table is evaluated in two parts (GEMM rows, memory-bound rows); a traced one element-wise.
+    net, m = zoo.get("resnet20"), mc.get("abci")
+    concrete = times.device_step_time_s(net, m, 16.0)
+    traced = jax.jit(lambda n: times.device_step_time_s(n, m, 16.0))(net)
+    assert float(traced) == pytest.approx(float(concrete), rel=1e-5)
+
+
+def test_compute_and_update_times_by_their_formulas():
+    net, m = zoo.get("resnet50"), mc.get("tsubame_kfc_dl")
+    p4 = 4.0 * float(net.total_params)
+    tc = float(times.compute_time_s(net, m, 32.0, 8.0))
+    expect = (float(times.device_step_time_s(net, m, 32.0))
+              + 32 * float(net.input_bytes_per_sample) * 8 / float(m.storage_bandwidth_bytes_per_s)
+              + 2 * p4 / float(m.host_device_bandwidth_bytes_per_s))
+    assert tc == pytest.approx(expect, rel=1e-5)
+    tu = float(times.update_time_s(net, m, 16.0, 8.0))
+    ring = float(collectives.allreduce_time_s(p4, 16.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
+    expect = (8 + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s) + ring + float(
+        m.updater_overhead_s)
+    assert tu == pytest.approx(expect, rel=1e-5)
+    # Memory: 4 (3P + b * activations) bytes, and the largest sub-batch that fits.
+    b = times.max_sub_batch(net, m)
+    assert float(times.memory_bytes(net, b)) <= float(m.device_memory_bytes) < float(times.memory_bytes(net, b + 1))

@@ -1,0 +1,39 @@
+"""Tests of jaxsprint.timing: a real (tiny) all-reduce over 2 local processes and a real train step, checked
+for structure and positivity only (never for speed), and the errors that name the setting."""
+import math
+
+from jaxsprint import timing
+from jaxsprint.perf import calibrate
+from perf_util import raises_invalid
+
+
+def test_allreduce_over_two_processes():
+    sizes = [4096, 65536]
+    out = timing.measure_allreduce(2, sizes, reps=2, rounds=1, timeout_s=120)
+    assert [a.message_bytes for a in out] == [float(s) for s in sizes]
+    for a in out:
+        assert isinstance(a, calibrate.AllreduceTiming) and a.ranks == 2
+        assert math.isfinite(a.measured_s) and a.measured_s > 0
+        assert a.label == f"allreduce {int(a.message_bytes)} B x 2"
+
+
+def test_train_steps_of_a_project_model():
+    lines = []
+    out = timing.measure_train_steps([("resnet8", 2)], rounds=2, min_time_s=0.0, min_reps=2,
+                                     cpu_kernels="off", log=lines.append)
+    assert len(out) == 1
+    for seconds, samples in out:
+        assert len(samples) >= 4 and all(s > 0 for s in samples)  # 2 rounds x at least 2 steps
+        assert seconds > 0 and min(samples) <= seconds <= max(samples)
+    assert lines[0].startswith("CPU kernels: off") and "round 2/2 done" in lines[-1]
+
+
+def test_bad_settings_name_the_field():
+    with raises_invalid("ranks", 1, "an integer >= 2"):
+        timing.measure_allreduce(1, [1024])
+    with raises_invalid("timeout_s", 0, "a number > 0"):
+        timing.measure_allreduce(2, [1024], timeout_s=0)
+    with raises_invalid("cpu_kernels", "fast", "allowed: auto, off, require"):
+        timing.measure_train_steps([("resnet8", 2)], cpu_kernels="fast")
+    with raises_invalid("rounds", 0, "an integer >= 1"):
+        timing.measure_train_steps([("resnet8", 2)], rounds=0)
