@@ -12,6 +12,7 @@ from jaxsprint import parallel
 from jaxsprint.errors import ConfigError
 
 
+@pytest.mark.devices(8)
 def test_mesh_uses_all_devices_or_a_prefix():
     assert parallel.make_mesh(-1).size == jax.device_count() == 8
     assert parallel.make_mesh(2).size == 2

@@ -42,6 +42,7 @@ def _max_diff(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.devices(8)
 def test_global_bn_on_8_devices_equals_1_device():
     images, labels = _batch()
     p8, s8, m8 = _one_step(_config(num_devices=8, **{"bn.reduction": "global"}), images, labels)
@@ -55,6 +56,7 @@ def test_global_bn_on_8_devices_equals_1_device():
     assert _max_diff(sd, s1) > 1e-4
 
 
+@pytest.mark.devices(8)
 def test_per_device_bn_on_8_devices_equals_group_bn_on_1_device():
     images, labels = _batch()
     pd, sd, _ = _one_step(_config(num_devices=8, **{"bn.reduction": "per_device"}), images, labels)
@@ -62,6 +64,7 @@ def test_per_device_bn_on_8_devices_equals_group_bn_on_1_device():
     assert _max_diff(pd, pg) < 1e-5 and _max_diff(sd, sg) < 1e-5
 
 
+@pytest.mark.devices(8)
 def test_accumulation_equals_one_large_batch_without_bn():
     images, labels = _batch()
     base = dict(model="tiny_nobn", num_devices=8)
@@ -164,6 +167,7 @@ def test_scanned_accumulation_equals_unrolled():
     assert _max_diff(outs[0], outs[1]) < 1e-6
 
 
+@pytest.mark.devices(2)
 def test_native_kernels_in_scanned_accumulation_over_devices():
     """The CPU fast convolution (native kernels where built) inside the accumulation scan, batch sharded over
     the fake devices: the update equals the one with XLA's convolution, and the kernels are in the program."""
