@@ -110,10 +110,12 @@ def _bounds(values: list[str]) -> dict[str, tuple[float, float]]:
     for v in values:
         name, _, rng = v.partition("=")
         lo, _, hi = rng.partition(":")
+        allowed = "entries name=lo:hi with numbers 0 < lo < hi"
         try:
             out[name] = (float(lo), float(hi))
         except ValueError:
-            raise ConfigError("--bounds", v, "entries name=lo:hi with numbers lo < hi") from None
+            raise ConfigError("--bounds", v, allowed) from None
+        check(0 < out[name][0] < out[name][1], "--bounds", v, allowed)
         check(name in machines.FIELDS, "--bounds", v, "entries name=lo:hi naming machine figures")
     return out
 

@@ -22,14 +22,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from absl import app, flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxsprint.perf import machines, simulate, sprint, zoo
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import check  # noqa: E402
+from jaxsprint.perf import machines, simulate, sprint, zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_configs", 500, "Random configurations with gamma jitter (cv > 0).")
@@ -252,8 +257,20 @@ def plot(path: str, groups: dict[str, list[dict]]) -> None:
     plt.close(fig)
 
 
+def check_flags() -> None:
+    """Counts and budgets must be usable before anything runs."""
+    check(FLAGS.num_configs + FLAGS.num_deterministic + FLAGS.num_lognormal > 0, "--num_configs",
+          FLAGS.num_configs, "configurations to validate: --num_configs, --num_deterministic or --num_lognormal > 0")
+    for name in ("num_configs", "num_deterministic", "num_lognormal", "speed_configs"):
+        check(FLAGS[name].value >= 0, f"--{name}", FLAGS[name].value, "an integer >= 0")
+    for name in ("min_cycles", "min_gradients"):
+        check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
+    check(FLAGS.event_budget > 0, "--event_budget", FLAGS.event_budget, "a number > 0")
+
+
 def main(argv):
-    del argv
+    check(len(argv) == 1, "arguments", argv[1:], "none besides --flags")
+    check_flags()
     rng = np.random.default_rng(FLAGS.seed)
     groups_cfg = {"cv = 0": draw(rng, FLAGS.num_deterministic, "deterministic"),
                   "cv > 0": draw(rng, FLAGS.num_configs, "gamma"),
@@ -269,7 +286,7 @@ def main(argv):
                             model_pmf_configs_per_s=len(cfgs) / t_model,
                             simulator_configs_per_s=len(cfgs) / t_sim)
         print_table(name, summaries[name], len(rows))
-    print("\nspeed (2-core AMD EPYC, XLA:CPU)")
+    print(f"\nspeed (jax {jax.__version__}, {jax.default_backend()} backend)")
     sp = speed() if FLAGS.speed_configs else {}
     for k, v in sp.items():
         print(f"  {k:40s} {v:14,.0f}")
@@ -299,4 +316,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from jaxsprint.perf import calibrate, machines, networks
+from jaxsprint.perf import calibrate, machines, presets, zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(ROOT, "experiments", "calibrate.py")
@@ -17,7 +17,7 @@ def _measurements(path, scale=1.3):
     truth = machines.get("cpu")
     truth = truth.replace(efficiency_fwd=truth.efficiency_fwd / scale, efficiency_bwd_data=truth.efficiency_bwd_data
                           / scale, efficiency_bwd_weight=truth.efficiency_bwd_weight / scale)
-    tables = {"resnet8": networks.resnet_cifar(1), "resnet20": networks.resnet_cifar(3)}
+    tables = {"resnet8": zoo.resnet_cifar(1), "resnet20": zoo.resnet_cifar(3)}
     configs = [(m, b) for m in tables for b in (4, 8, 16, 32)]
     timings = [calibrate.StepTiming(tables[m], b, 1.0, 5.0) for m, b in configs]
     pred, _ = calibrate.predict_timings(truth, timings)
@@ -45,18 +45,46 @@ def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
     assert summary["steps_leave_one_model_out"]["median_abs_error"] < 0.01
     fitted = summary["compute_fit"]["fitted"]
     np.testing.assert_allclose(fitted["efficiency_fwd"], machines.get("cpu").efficiency_fwd / 1.3, rtol=0.02)
-    machine, _ = calibrate.load_preset(str(out))
+    machine, saved = presets.load_preset(str(out))
     assert machine.name == "this_machine"
+    sources = dict(machine.sources)
+    assert sources["efficiency_fwd"].startswith("fitted by experiments/calibrate.py")
+    assert sources["peak_flops_per_s"] == dict(machines.get("cpu").sources)["peak_flops_per_s"]
+
+
+def test_refit_of_the_small_cnn_set_with_a_random_held_out_share(tmp_path):
+    # Twelve records of the cpu preset's calibration set, a third held out at random, a robust loss and bounds.
+    data = json.load(open(os.path.join(ROOT, "docs", "perf-calibration.json")))
+    meas, out = tmp_path / "small.json", tmp_path / "preset.json"
+    meas.write_text(json.dumps({"records": data["records"][:12]}))
+    r = _run(f"--measurements={meas}", f"--out={out}", "--holdout_batches=", "--holdout_fraction=0.34",
+             "--holdout_seed=1", "--fit_fields=efficiency_fwd,norm_memory_efficiency", "--loss=soft_l1",
+             "--bounds=efficiency_fwd=0.01:1", "--starts=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(out.read_text())["calibration"]
+    assert summary["steps_fit"]["n"] == 8 and summary["steps_held_out"]["n"] == 4
+    assert 0.01 <= summary["compute_fit"]["fitted"]["efficiency_fwd"] <= 1.0
+    assert "steps_leave_one_model_out" not in summary  # one family: nothing to leave out
 
 
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
     meas, out = tmp_path / "m.json", tmp_path / "preset.json"
     _measurements(meas)
     for args, env, words in (
-            (["--starts=0"], None, "starts=0"),
-            (["--fit_fields=efficiency_fwd,network_latency_s"], None, "fit_fields='network_latency_s'"),
-            ([], {"JAXSPRINT_HOST_MALLOC": "jemalloc"}, "JAXSPRINT_HOST_MALLOC='jemalloc' is not allowed"),
-            (["--measurements=" + str(tmp_path / "missing.json")], None, "cannot be read")):
+            (["--starts=0"], None, "invalid --starts=0: an integer >= 1"),
+            (["--fit_fields=efficiency_fwd,network_latency_s"], None,
+             "invalid --fit_fields='network_latency_s': compute figures"),
+            (["--bounds=efficiency_fwd=0.5"], None, "invalid --bounds='efficiency_fwd=0.5': entries name=lo:hi"),
+            (["--bounds=speed=1:2"], None, "invalid --bounds='speed=1:2': entries name=lo:hi naming machine figures"),
+            (["--bounds=efficiency_fwd=0.5:0.1"], None,
+             "invalid --bounds='efficiency_fwd=0.5:0.1': entries name=lo:hi with numbers 0 < lo < hi"),
+            (["--holdout_fraction=1"], None, "invalid --holdout_fraction=1.0: a number >= 0 and < 1"),
+            (["--batches=4,x"], None, "invalid --batches='x': integers >= 1"),
+            (["extra"], None, "invalid arguments=['extra']: none besides --flags"),
+            ([], {"JAXSPRINT_CPU_KERNELS": "fast"}, "invalid JAXSPRINT_CPU_KERNELS='fast': allowed: auto, off, require"),
+            (["--cpu_kernels=fast"], None, "cpu_kernels"),
+            (["--measurements=" + str(tmp_path / "missing.json")], None,
+             f"invalid --measurements={str(tmp_path / 'missing.json')!r}: an existing measurement file")):
         r = _run(f"--measurements={meas}", f"--out={out}", *args, env=env)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert words in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -1,4 +1,5 @@
-"""End-to-end tests of experiments/predict.py (subprocesses: absl flags are process-global)."""
+"""End-to-end tests of experiments/predict.py (subprocesses: absl flags are process-global), and
+``--machine_file`` with a preset as experiments/calibrate.py writes it."""
 import json
 import os
 import subprocess
@@ -35,12 +36,13 @@ def test_timings_mode_json_has_exactly_the_keys():
         assert mean == pytest.approx(out["mean_" + key.split("_")[0]], rel=2e-3)
 
 
-# Many flag sets in one child process: parse + main exactly as app.run does, exit codes recorded.
+# Many flag sets in one child process: parse + main exactly as jaxsprint.cli.run does, exit codes recorded.
 _DRIVER = textwrap.dedent("""
     import contextlib, io, json, sys
     sys.argv = ["predict.py"]
     sys.path.insert(0, "experiments")
     import predict
+    from jaxsprint import cli
     cases = json.loads(sys.stdin.read())
     results = []
     for args in cases:
@@ -49,40 +51,49 @@ _DRIVER = textwrap.dedent("""
         code = 0
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
-                argv = predict.parse_flags(["predict.py", *args])
-                predict.main(argv)
+                argv = cli.parse_flags(["predict.py", *args])
+                cli.guarded(predict.main)(argv)
             except SystemExit as e:
                 code = e.code
         results.append([code, out.getvalue(), err.getvalue()])
     print(json.dumps(results))
 """)
 
+
+def _drive(cases):
+    r = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(cases), capture_output=True, text=True,
+                       cwd=ROOT, timeout=180, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 CASES = {
     "spec": (["--machine=tsubame_kfc_dl", "--network=resnet50", "--nodes=16", "--gpus_per_node=8",
               "--sub_batch=32", "--json"], 0, None),
     "table": (["--workers=8", "--t_compute=1.0", "--t_update=0.4"], 0, "epoch time"),
-    "zero_workers": (["--workers=0", "--t_compute=0.1", "--t_update=0.04"], 2, "workers=0"),
-    "negative_workers": (["--workers=-3", "--t_compute=0.1", "--t_update=0.04"], 2, "workers=-3"),
-    "nan_time": (["--workers=8", "--t_compute=nan", "--t_update=0.04"], 2, "t_compute=nan"),
-    "inf_time": (["--workers=8", "--t_compute=0.1", "--t_update=inf"], 2, "t_update=inf"),
+    "zero_workers": (["--workers=0", "--t_compute=0.1", "--t_update=0.04"], 2,
+                     "invalid workers=0: an integer >= 1"),
+    "negative_workers": (["--workers=-3", "--t_compute=0.1", "--t_update=0.04"], 2,
+                         "invalid workers=-3: an integer >= 1"),
+    "nan_time": (["--workers=8", "--t_compute=nan", "--t_update=0.04"], 2,
+                 "invalid t_compute=nan: a finite number > 0"),
+    "inf_time": (["--workers=8", "--t_compute=0.1", "--t_update=inf"], 2,
+                 "invalid t_update=inf: a finite number > 0"),
     "unknown_machine": (["--machine=tsubame3", "--network=resnet50"], 2,
-                        "machine='tsubame3' is unknown; allowed: tsubame25"),
+                        "invalid machine='tsubame3': one of tsubame25"),
     "unknown_network": (["--machine=abci", "--network=resnet51"], 2,
-                        "network='resnet51' is unknown; allowed: alexnet"),
+                        "invalid network='resnet51': one of alexnet"),
     "too_big": (["--machine=tsubame25", "--network=vgg16", "--sub_batch=512"], 2,
-                "sub_batch=512 does not fit"),
-    "missing": (["--workers=8", "--t_compute=0.1"], 2, "--t_update is missing"),
-    "mixed": (["--workers=8", "--machine=abci"], 2, "--workers and --machine"),
+                "invalid sub_batch=512: 1..37: 60.6 GB needed for vgg16"),
+    "missing": (["--workers=8", "--t_compute=0.1"], 2, "invalid --t_update=None: required in timings mode"),
+    "mixed": (["--workers=8", "--machine=abci"], 2, "invalid --machine='abci': not given with --workers"),
+    "no_network": (["--machine=abci"], 2, "invalid --network=None: required in spec mode: one of alexnet"),
+    "positional": (["extra"], 2, "invalid arguments=['extra']: none besides --flags"),
     "bad_flag": (["--workers=abc"], 2, "workers"),
 }
 
 
 def test_many_flag_sets_in_one_process():
-    r = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps([c[0] for c in CASES.values()]),
-                       capture_output=True, text=True, cwd=ROOT, timeout=180,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+    results = _drive([c[0] for c in CASES.values()])
     for (name, (_, code, text)), (got_code, out, err) in zip(CASES.items(), results):
         assert got_code == code, (name, got_code, err)
         if code == 2:
@@ -99,3 +110,28 @@ def test_real_launcher_exits_2_on_bad_input():
     r = _run(["--workers=0", "--t_compute=0.1", "--t_update=0.04"])
     assert r.returncode == 2
     assert "workers=0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_predict_launcher_reads_a_machine_file(tmp_path):
+    from jaxsprint.perf import machines, presets
+
+    preset = str(tmp_path / "this_machine.json")
+    m = machines.with_figures(machines.get("cpu"), network_latency_s=2e-4).replace(name="this_machine")
+    presets.save_preset(preset, m, compute_cv=0.02)
+    cases = [
+        [f"--machine_file={preset}", "--network=resnet8", "--nodes=2", "--gpus_per_node=2",
+         "--sub_batch=16", "--json"],
+        ["--machine=cpu", "--network=resnet8", "--nodes=2", "--gpus_per_node=2", "--sub_batch=16",
+         "--json"],
+        [f"--machine_file={preset}", "--machine=cpu", "--network=resnet8"],
+        ["--machine_file=/nonexistent/m.json", "--network=resnet8"],
+    ]
+    (c0, o0, e0), (c1, o1, e1), (c2, _, e2), (c3, _, e3) = _drive(cases)
+    assert c0 == 0 and c1 == 0, (e0, e1)
+    from_file, preset_cpu = json.loads(o0), json.loads(o1)
+    # Same compute figures, a larger all-reduce latency: same T_c, longer T_u.
+    assert from_file["t_compute_s"] == pytest.approx(preset_cpu["t_compute_s"], rel=1e-6)
+    assert from_file["t_update_s"] > preset_cpu["t_update_s"]
+    assert c2 == 2 and f"invalid machine_file={preset!r}: not given together with machine='cpu'" in e2
+    assert c3 == 2 and "invalid machine_file='/nonexistent/m.json': an existing JSON machine preset" in e3
+    assert "Traceback" not in e2 + e3

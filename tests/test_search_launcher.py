@@ -1,6 +1,6 @@
-"""End-to-end tests of experiments/search.py (and --machine_file in experiments/predict.py).
+"""End-to-end tests of experiments/search.py.
 
-Many flag sets run in one child process (absl flags are process-global), as app.run would.
+Many flag sets run in one child process (absl flags are process-global), as jaxsprint.cli.run would.
 """
 import json
 import os
@@ -18,6 +18,7 @@ _DRIVER = textwrap.dedent("""
     sys.argv = [module + ".py"]
     sys.path.insert(0, "experiments")
     launcher = __import__(module)
+    from jaxsprint import cli
     cases = json.loads(sys.stdin.read())
     results = []
     for args in cases:
@@ -26,8 +27,8 @@ _DRIVER = textwrap.dedent("""
         code = 0
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
-                argv = launcher.parse_flags([module + ".py", *args])
-                launcher.main(argv)
+                argv = cli.parse_flags([module + ".py", *args])
+                cli.guarded(launcher.main)(argv)
             except SystemExit as e:
                 code = e.code
         results.append([code, out.getvalue(), err.getvalue()])
@@ -46,10 +47,10 @@ def _drive(module, cases):
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
     """A saved "this machine" preset (the cpu preset with a changed latency), as calibrate writes."""
-    from jaxsprint.perf import calibrate, machines
+    from jaxsprint.perf import machines, presets
     path = tmp_path_factory.mktemp("preset") / "this_machine.json"
     m = machines.with_figures(machines.get("cpu"), network_latency_s=2e-4).replace(name="this_machine")
-    calibrate.save_preset(str(path), m, compute_cv=0.02)
+    presets.save_preset(str(path), m, compute_cv=0.02)
     return str(path)
 
 
@@ -66,22 +67,27 @@ def test_search_launcher_cases(preset, tmp_path):
         "none_json": (SMALL + ["--target_minibatch=10000000", "--json"], 0, None),
         "file": ([f"--machine_file={preset}", "--network=resnet8", "--target_minibatch=16",
                   "--max_nodes=8", "--max_sub_batch=64", "--starts=8", "--json"], 0, None),
-        "zero_tol": (SMALL + ["--target_minibatch=700", "--tolerance=0"], 2, "tolerance=0.0"),
-        "neg_tol": (SMALL + ["--target_minibatch=700", "--tolerance=-0.1"], 2, "tolerance=-0.1"),
-        "zero_target": (SMALL + ["--target_minibatch=0"], 2, "target_minibatch=0.0 is infeasible"),
-        "missing_target": (SMALL, 2, "--target_minibatch is missing"),
+        "zero_tol": (SMALL + ["--target_minibatch=700", "--tolerance=0"], 2,
+                     "invalid tolerance=0.0: a number > 0 and < 1"),
+        "neg_tol": (SMALL + ["--target_minibatch=700", "--tolerance=-0.1"], 2,
+                    "invalid tolerance=-0.1: a number > 0 and < 1"),
+        "zero_target": (SMALL + ["--target_minibatch=0"], 2, "invalid target_minibatch=0.0: a finite number >= 1"),
+        "missing_target": (SMALL, 2, "invalid --target_minibatch=None: a number >= 1 (samples); the flag is required"),
         "staleness": (SMALL + ["--target_minibatch=700", "--max_staleness=0.5"], 2,
-                      "max_staleness=0.5 is infeasible"),
+                      "invalid max_staleness=0.5: a finite number > 1"),
         "unknown_machine": (["--machine=tsubame3", "--network=resnet8", "--target_minibatch=64"], 2,
-                            "machine='tsubame3' is unknown; allowed: tsubame25"),
+                            "invalid machine='tsubame3': one of tsubame25"),
         "unknown_network": (["--machine=abci", "--network=resnet51", "--target_minibatch=64"], 2,
-                            "network='resnet51' is unknown"),
+                            "invalid network='resnet51': one of alexnet"),
         "both_machines": ([f"--machine_file={preset}", "--machine=abci", "--network=resnet8",
-                           "--target_minibatch=64"], 2, "were both given"),
+                           "--target_minibatch=64"], 2,
+                          f"invalid machine_file={preset!r}: not given together with machine='abci'"),
         "missing_file": (["--machine_file=/nonexistent/m.json", "--network=resnet8",
-                          "--target_minibatch=64"], 2, "machine_file='/nonexistent/m.json' does not exist"),
+                          "--target_minibatch=64"], 2,
+                         "invalid machine_file='/nonexistent/m.json': an existing JSON machine preset"),
         "too_many_gpus": (SMALL + ["--target_minibatch=700", "--max_gpus_per_node=9"], 2,
-                          "max_gpus_per_node=9 is not allowed"),
+                          "invalid max_gpus_per_node=9: 1..4"),
+        "zero_starts": (SMALL + ["--target_minibatch=700", "--starts=0"], 2, "invalid --starts=0: an integer >= 1"),
         "bad_flag": (SMALL + ["--target_minibatch=abc"], 2, "target_minibatch"),
     }
     results = _drive("search", [c[0] for c in cases.values()])
@@ -106,22 +112,3 @@ def test_search_launcher_cases(preset, tmp_path):
     assert none["feasible"] is False and none["best"] is None and none["closest"]["violation"] > 0
     file_out = json.loads(by_name["file"][1])
     assert file_out["feasible"] and file_out["best"]["gpus_per_node"] <= 2  # the cpu preset's 2 cores
-
-
-def test_predict_launcher_reads_a_machine_file(preset):
-    cases = [
-        [f"--machine_file={preset}", "--network=resnet8", "--nodes=2", "--gpus_per_node=2",
-         "--sub_batch=16", "--json"],
-        ["--machine=cpu", "--network=resnet8", "--nodes=2", "--gpus_per_node=2", "--sub_batch=16",
-         "--json"],
-        [f"--machine_file={preset}", "--machine=cpu", "--network=resnet8"],
-        ["--machine_file=/nonexistent/m.json", "--network=resnet8"],
-    ]
-    (c0, o0, e0), (c1, o1, e1), (c2, _, e2), (c3, _, e3) = _drive("predict", cases)
-    assert c0 == 0 and c1 == 0, (e0, e1)
-    from_file, preset_cpu = json.loads(o0), json.loads(o1)
-    # Same compute figures, a larger all-reduce latency: same T_c, longer T_u.
-    assert from_file["t_compute_s"] == pytest.approx(preset_cpu["t_compute_s"], rel=1e-6)
-    assert from_file["t_update_s"] > preset_cpu["t_update_s"]
-    assert c2 == 2 and "--machine_file" in e2 and "Traceback" not in e2
-    assert c3 == 2 and "does not exist" in e3 and "Traceback" not in e3

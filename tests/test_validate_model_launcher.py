@@ -1,0 +1,42 @@
+"""experiments/validate_model.py end to end at a tiny size: model against simulator on a few random
+configurations of each kind, the JSON it writes, and bad flags (exit 2, one line)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "validate_model.py")
+TINY = ["--num_configs=3", "--num_deterministic=2", "--num_lognormal=1", "--speed_configs=1000",
+        "--event_budget=2e4", "--min_cycles=200", "--min_gradients=2000", "--plot="]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_tiny_validation_writes_its_summary(tmp_path):
+    out = tmp_path / "validation.json"
+    r = _run(*TINY, f"--out_json={out}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["summary"]) == {"cv = 0", "cv > 0", "lognormal cv > 0"}
+    for group in data["summary"].values():
+        for metric in ("err_mean_minibatch", "err_mean_staleness", "tv_minibatch", "tv_staleness"):
+            assert 0 <= group[metric]["median"] <= group[metric]["max"]
+        # The model's means are exact: the simulator differs by sampling noise only (a few percent here).
+        assert group["err_mean_staleness"]["max"] < 0.2
+    assert data["speed"]["spec_summary_configs_per_s"] > 0
+    assert "cv > 0 (3 configurations)" in r.stdout
+
+
+def test_bad_flags_exit_2_with_one_line(tmp_path):
+    for args, words in ((["--num_configs=-1"], "invalid --num_configs=-1: an integer >= 0"),
+                        (["--num_configs=0", "--num_deterministic=0", "--num_lognormal=0"], "--num_configs=0"),
+                        (["--min_cycles=0"], "invalid --min_cycles=0"),
+                        (["--num_configs=abc"], "num_configs")):
+        r = _run(*TINY, f"--out_json={tmp_path / 'x.json'}", *args)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert r.stderr.startswith("error: ") and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "x.json").exists()
