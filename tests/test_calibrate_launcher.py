@@ -81,7 +81,8 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
             (["--holdout_fraction=1"], None, "invalid --holdout_fraction=1.0: a number >= 0 and < 1"),
             (["--batches=4,x"], None, "invalid --batches='x': integers >= 1"),
             (["extra"], None, "invalid arguments=['extra']: none besides --flags"),
-            ([], {"JAXSPRINT_CPU_KERNELS": "fast"}, "invalid JAXSPRINT_CPU_KERNELS='fast': allowed: auto, off, require"),
+            ([], {"JAXSPRINT_CPU_KERNELS": "fast"},
+             "invalid JAXSPRINT_CPU_KERNELS='fast': allowed: auto, off, require"),
             (["--cpu_kernels=fast"], None, "cpu_kernels"),
             (["--measurements=" + str(tmp_path / "missing.json")], None,
              f"invalid --measurements={str(tmp_path / 'missing.json')!r}: an existing measurement file")):

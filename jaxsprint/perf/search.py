@@ -374,11 +374,11 @@ def _neighbourhood(space: Space, x: np.ndarray, fractions=(0.05, 0.15, 0.4)) -> 
     base[:, :, :3] += delta
     out = [base]
     if space.num_precision:
-        L = space.num_precision
-        flips = np.repeat(x[:, None, :], L * m, 1).astype(np.int64)  # [S, L*m, dims]
-        for l in range(L):
-            sl = slice(l * m, (l + 1) * m)
-            flips[:, sl, 3 + l] = 1 - flips[:, sl, 3 + l]
+        rows = space.num_precision
+        flips = np.repeat(x[:, None, :], rows * m, 1).astype(np.int64)  # [S, rows*m, dims]
+        for r in range(rows):
+            sl = slice(r * m, (r + 1) * m)
+            flips[:, sl, 3 + r] = 1 - flips[:, sl, 3 + r]
             flips[:, sl, 2] += steps[2]
         out.append(flips)
     nb = np.concatenate(out, 1)

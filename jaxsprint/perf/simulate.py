@@ -67,19 +67,23 @@ class SimResult:
 
     @property
     def mean_count(self) -> float:
+        """Mean gradients per update."""
         return float(np.dot(np.arange(len(self.count_hist)), self.count_pmf))
 
     @property
     def mean_staleness(self) -> float:
+        """Mean staleness of a gradient."""
         return float(np.dot(np.arange(len(self.staleness_hist)), self.staleness_pmf))
 
     @property
     def var_count(self) -> float:
+        """Variance of the gradients per update."""
         x = np.arange(len(self.count_hist))
         return float(np.dot((x - self.mean_count) ** 2, self.count_pmf))
 
     @property
     def var_staleness(self) -> float:
+        """Variance of the staleness."""
         x = np.arange(len(self.staleness_hist))
         return float(np.dot((x - self.mean_staleness) ** 2, self.staleness_pmf))
 
