@@ -14,7 +14,6 @@ import os
 import time
 from typing import Any, Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
