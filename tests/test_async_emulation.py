@@ -1,37 +1,23 @@
 """Tests for jaxsprint.async_emulation: the checks of config.async_emulation and the objects built from it."""
-import importlib
-import pkgutil
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
-import experiments.configs
-from experiments.configs import default
+from config_util import CONFIG_MODULES, default_with
 from jaxsprint import async_emulation, samplers
 from jaxsprint import staleness as st
 from jaxsprint.errors import ConfigError
 from jaxsprint.perf import sprint
 
 NAN, INF = float("nan"), float("inf")
-CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
-                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
 
 
 def _config(**overrides):
-    """The default config with dotted overrides (``"async_emulation.pmf": (...)``), of any type."""
-    d = default.get_config().to_dict()
-    d["async_emulation"]["enabled"] = True
-    for key, value in overrides.items():
-        node = d
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return ml_collections.ConfigDict(d)
+    """The default config with the emulation on and dotted overrides (``"async_emulation.pmf": (...)``)."""
+    return default_with(**{"async_emulation.enabled": True, **overrides})
 
 
 def _a(**kw):

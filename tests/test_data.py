@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from ml_collections import config_dict
 
+from config_util import override
 from jaxsprint import data
 from jaxsprint.errors import ConfigError, DataError
 
@@ -137,13 +137,7 @@ def _config(**overrides):
     d = {"dataset": "digits", "data_dir": None, "train_split": "train", "test_split": "test", "image_size": 16,
          "augment": {"kind": "rrc", "area_range": (0.35, 1.0), "aspect_range": (0.75, 4 / 3), "pad": 2,
                      "flip": False, "eval_crop_fraction": 0.875}}
-    for k, v in overrides.items():
-        node = d
-        *path, leaf = k.split(".")
-        for part in path:
-            node = node[part]
-        node[leaf] = v
-    return config_dict.ConfigDict(d)
+    return override(d, **overrides)
 
 
 def test_validate_config_accepts_the_defaults_and_tfds_with_a_data_dir():

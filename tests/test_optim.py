@@ -1,17 +1,14 @@
 """Schedules, LARS masking, label smoothing, derived hyper-parameters and the checks of the recipe's settings."""
-import importlib
-import pkgutil
 import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
-import experiments.configs
 from experiments.configs import default
+from config_util import CONFIG_MODULES, default_with
 from jaxsprint import optim
 from jaxsprint.errors import ConfigError
 
@@ -104,20 +101,9 @@ def test_bad_values_are_config_errors():
 # --------------------------------------------------------------------------------------------------------
 
 NAN, INF = float("nan"), float("inf")
-CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
-                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
 
 
-def _with(**overrides):
-    """The default config with dotted overrides of any type (ConfigDict would refuse e.g. a str for a float)."""
-    d = default.get_config().to_dict()
-    for key, value in overrides.items():
-        node = d
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return ml_collections.ConfigDict(d)
+_with = default_with
 
 
 @pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])

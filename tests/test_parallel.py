@@ -1,13 +1,9 @@
 """Mesh, BN group sizes, the checks of the parallel layout and the multi-process start-up decision."""
-import importlib
-import pkgutil
 
 import jax
-import ml_collections
 import pytest
 
-import experiments.configs
-from experiments.configs import default
+from config_util import CONFIG_MODULES, default_with
 from jaxsprint import parallel
 from jaxsprint.errors import ConfigError
 
@@ -43,20 +39,9 @@ def test_distributed_init_decision():
         parallel.distributed_init_kwargs({}, coordinator_address="h:1")
 
 
-CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
-                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
 
 
-def _with(**overrides):
-    """The default config (global batch 512, eval 512) with dotted overrides of any type."""
-    d = default.get_config().to_dict()
-    for key, value in overrides.items():
-        node = d
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return ml_collections.ConfigDict(d)
+_with = default_with
 
 
 @pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])

@@ -1,6 +1,4 @@
 """Final Polishing: exact population statistics, independent of batching and devices; parameters untouched."""
-import importlib
-import pkgutil
 
 import jax
 import jax.numpy as jnp
@@ -8,8 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-import experiments.configs
 from experiments.configs import default
+from config_util import CONFIG_MODULES
 from jaxsprint import models, parallel, polish
 from jaxsprint.errors import ConfigError, DataError
 
@@ -166,8 +164,6 @@ def test_bad_inputs_are_clear_errors():
 # --------------------------------------------------------------------------------------------------------
 
 NAN, INF = float("nan"), float("inf")
-CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
-                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
 
 
 def _with(**overrides):

@@ -1,0 +1,27 @@
+"""Shared helpers of the settings tests: the shipped configs, and configs with overrides of any type."""
+import importlib
+import pkgutil
+
+import ml_collections
+
+import experiments.configs
+from experiments.configs import default
+
+CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
+                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
+
+
+def override(d: dict, **overrides) -> ml_collections.ConfigDict:
+    """`d` (a nested dict) with dotted overrides of any type (ConfigDict would refuse e.g. a str for a float)."""
+    for key, value in overrides.items():
+        node = d
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return ml_collections.ConfigDict(d)
+
+
+def default_with(**overrides) -> ml_collections.ConfigDict:
+    """The default config (global batch 512, eval 512) with dotted overrides of any type."""
+    return override(default.get_config().to_dict(), **overrides)
