@@ -7,8 +7,8 @@ optimizer: a :class:`Sampler` is a pure function of a PRNG key returning an int3
 and :func:`minibatch_weights` turns a draw of ``K`` into weights over the sub-batches of a fixed global batch.
 :mod:`jaxsprint.staleness` consumes the staleness samplers in its delayed-gradient transform.
 
-Staleness convention: ``tau = 0`` is synchronous SGD, as in the performance model (``docs/perf-model.md``, "The protocol",
-"S = u - 1 - v"), so a predicted staleness pmf indexes directly as ``pmf[tau]``. Mini-batch convention:
+Staleness convention: ``tau = 0`` is synchronous SGD, as in the performance model (``docs/perf-model.md``,
+"The protocol": "S = u - 1 - v"), so a predicted staleness pmf indexes directly as ``pmf[tau]``. Mini-batch convention:
 ``k_pmf[k] = P(K = k)`` with ``k_pmf[0] = 0`` (an update uses at least one sub-batch).
 
 Samplers are configuration: they are built (and validated) outside jit from concrete numbers, and every

@@ -26,8 +26,8 @@ Put it FIRST in the chain: in SPRINT the learners send raw gradients and the upd
 weight decay) to whatever arrives, i.e. the inner optimizer sees stale gradients and current state.
 
 Staleness convention: ``tau = 0`` is synchronous SGD. This is the convention of the performance model
-(``docs/perf-model.md``, "The protocol", "S = u - 1 - v", a gradient read at version v and applied in the update that
-publishes version u), so a predicted staleness pmf indexes directly as ``pmf[tau]``.
+(``docs/perf-model.md``, "The protocol": "S = u - 1 - v", a gradient read at version v and applied in the
+update that publishes version u), so a predicted staleness pmf indexes directly as ``pmf[tau]``.
 
 References:
     Zhang, Gupta, Lian, Liu. "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016

@@ -12,8 +12,8 @@ them for the forward and the stride-1 input gradient where they are faster than 
 be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread
 per call when the process has several devices, which already run concurrently). The kernels
 (``conv_kernels.cc``, ``bn_kernels.cc``, ``kernels_common.h``: one library) are compiled on first use with
-the machine's C++ compiler (``$CXX``, else ``g++``) for this CPU (``-march=native``) into a per-user cache (``$JAXSPRINT_NATIVE_CACHE``, else
-``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and
+the machine's C++ compiler (``$CXX``, else ``g++``) for this CPU (``-march=native``) into a per-user cache
+(``$JAXSPRINT_NATIVE_CACHE``, else ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and
 the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
 installed by hand: a machine without a compiler simply does not get the kernels, :func:`available` says why,
 and callers use XLA's convolution.
@@ -131,7 +131,8 @@ def _build() -> str:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
-            raise RuntimeError(f"compiling {', '.join(map(os.path.basename, _SOURCES))} failed: {r.stderr.strip()[-2000:]}")
+            names = ", ".join(map(os.path.basename, _SOURCES))
+            raise RuntimeError(f"compiling {names} failed: {r.stderr.strip()[-2000:]}")
         os.replace(tmp, lib)  # atomic: a concurrent build of the same key writes the same bytes
     finally:
         if os.path.exists(tmp):
