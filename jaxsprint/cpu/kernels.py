@@ -13,8 +13,8 @@ be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-o
 per call when the process has several devices, which already run concurrently). The kernels
 (``conv_kernels.cc``, ``bn_kernels.cc``, ``kernels_common.h``: one library) are compiled on first use with
 the machine's C++ compiler (``$CXX``, else ``g++``) for this CPU (``-march=native``) into a per-user cache
-(``$JAXSPRINT_NATIVE_CACHE``, else ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source, the flags, the jaxlib version and
-the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
+(``$JAXSPRINT_NATIVE_CACHE``, else ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source,
+the flags, the jaxlib version and the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
 installed by hand: a machine without a compiler simply does not get the kernels, :func:`available` says why,
 and callers use XLA's convolution.
 
