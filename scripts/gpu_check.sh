@@ -42,7 +42,7 @@ else
   export JAX_PLATFORMS=cuda  # tests/conftest.py defaults to cpu only when JAX_PLATFORMS is unset
   TESTS="${GPU_CHECK_TESTS:-tests/test_models.py tests/test_train.py tests/test_polish.py tests/test_staleness.py tests/test_parallel.py}"
   WORKERS="${GPU_CHECK_TEST_WORKERS:-4}"
-  DEMO_STEPS="${GPU_CHECK_DEMO_STEPS:-120}"  # the whole demo: 40 epochs of 3 steps at batch 512
+  DEMO_STEPS="${GPU_CHECK_DEMO_STEPS:-120}"  # at least the whole demo (40 epochs of 2 steps at batch 512)
   BENCH_ARGS="${GPU_CHECK_BENCH_ARGS:---batch=256 --image_size=224 --warmup=3 --steps=20 --rounds=3}"
   DEMO_XLA_FLAGS="${XLA_FLAGS:-}"
 fi
