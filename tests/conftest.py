@@ -12,6 +12,8 @@ os.environ["TFDS_DATA_DIR"] = "/nonexistent-tfds-data-dir"
 def pytest_configure(config):
     config.addinivalue_line("markers", "devices(n): needs at least n JAX devices (the 8 fake CPU devices here; "
                                        "skipped on a machine with fewer accelerators)")
+    config.addinivalue_line("markers", "slow: an end-to-end run of a benchmark or study script; left out of "
+                                       "scripts/test.sh unless asked for (-m slow), run by CI as a second step")
 
 
 def pytest_runtest_setup(item):

@@ -4,6 +4,9 @@ import math
 import os
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.slow  # an end-to-end run of a script: CI's second step (scripts/test.sh -m slow)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")

@@ -3,6 +3,9 @@ import json
 import os
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.slow  # an end-to-end run of a script: CI's second step (scripts/test.sh -m slow)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_search.py")
