@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from typing import Any, Callable
@@ -25,7 +24,8 @@ from jaxsprint import async_emulation, checkpoint, cpu, metrics as metrics_lib, 
 from jaxsprint import data as data_lib
 from jaxsprint import polish
 from jaxsprint import staleness
-from jaxsprint.errors import CheckpointError, NonFiniteError, check
+from jaxsprint.errors import CheckpointError, NonFiniteError
+from jaxsprint.settings import validate_config  # noqa: F401 (re-exported: train.validate_config)
 
 
 class TrainState(train_state.TrainState):
@@ -153,39 +153,6 @@ def every_steps(epochs: float, steps_per_epoch: int) -> int:
     if epochs <= 0:
         return 0
     return max(1, int(round(epochs * steps_per_epoch)))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Settings: each module checks its own part; this composes them (no data is read, nothing is written).
-
-
-def validate_config(config, num_devices: int) -> None:
-    """Raises a ConfigError naming the first bad field of a training config."""
-    data_lib.validate_config(config)
-    models.validate_config(config)
-    cpu.validate_config(config)
-    parallel.validate_config(config, num_devices)
-    optim.validate_config(config)
-    polish.validate_config(config, num_devices)
-    async_emulation.validate_config(config)
-    validate_loop_config(config)
-
-
-def validate_loop_config(config) -> None:
-    """The loop's own settings: seed, length, and the eval / checkpoint / log intervals."""
-    check(isinstance(config.seed, int) and 0 <= config.seed < 2**31, "config.seed", config.seed,
-          "allowed: an integer 0 <= seed < 2^31")
-    check(math.isfinite(config.num_epochs) and config.num_epochs > 0, "config.num_epochs", config.num_epochs,
-          "allowed: a finite number > 0")
-    check(config.num_train_steps == -1 or config.num_train_steps > 0, "config.num_train_steps",
-          config.num_train_steps, "allowed: -1 (from num_epochs) or a positive count")
-    for name in ("eval_every_epochs", "checkpoint_every_epochs"):
-        value = config[name]
-        check(math.isfinite(value), f"config.{name}", value, "allowed: a finite number (<= 0: only at the end)")
-    check(config.log_every_steps >= 0, "config.log_every_steps", config.log_every_steps,
-          "allowed: an integer >= 0 (0: only at the end)")
-    check(config.keep_checkpoints >= 1, "config.keep_checkpoints", config.keep_checkpoints,
-          "allowed: an integer >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------------
