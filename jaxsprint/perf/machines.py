@@ -79,6 +79,20 @@ class Machine:
       updater_passes: Passes of the momentum update over the 4P bytes of parameters
         (read gradient, read+write momentum, read+write weights: 5).
       updater_overhead_s: Fixed overhead per updater cycle.
+      cores_per_node: Compute units the node's learners run on (physical cores for CPU learners, the
+        accelerators for GPU ones). Up to this many learners run side by side; more time-share them (see
+        :func:`jaxsprint.perf.times.runtime_compute_time_s`). Default: ``gpus_per_node``.
+      learner_contention: Exponent ``a`` of the sharing slowdown ``max(1, N / C)^a`` of ``N`` learners on
+        ``C = cores_per_node`` units (1: fair time-sharing; above 1: sharing also costs cache and
+        scheduling; below 1: one learner alone leaves idle gaps that others fill). Default 1.
+      learner_overhead_s: Per-cycle host cost of one learner besides its device step (the weight fetch,
+        the gradient's hand-off into the node buffer, Python dispatch). Default 0.
+      updater_contention: The same exponent for the updater's own work, slowed by the learners it shares
+        the cores with. Default 1.
+      learner_cv: Coefficient of variation of a learner's cycle (the jitter of ``T_c``) in the model's
+        distributions. Default 0.05.
+      updater_cv: Coefficient of variation of the updater's cycle (``update_cv`` of
+        :func:`jaxsprint.perf.sprint.distributions`). Default 0 (a deterministic cycle).
       name: Preset name (static).
       description: One line (static).
       sources: ``(field, source)`` pairs saying where each number comes from (static).
@@ -114,6 +128,12 @@ class Machine:
     step_overhead_s: jax.Array
     updater_passes: jax.Array
     updater_overhead_s: jax.Array
+    cores_per_node: jax.Array
+    learner_contention: jax.Array
+    learner_overhead_s: jax.Array
+    updater_contention: jax.Array
+    learner_cv: jax.Array
+    updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="machine")
     description: str = struct.field(pytree_node=False, default="")
     sources: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
@@ -148,6 +168,23 @@ _GPU_EFFICIENCY_SOURCES = {
 }
 
 
+# Figures of the real runtime on a node (learners sharing compute units, the updater's own cost, the
+# jitter of both cycles), added after the presets were made: a preset or a preset file that lacks them
+# gets these values, which leave the SPRINT model of separate accelerators unchanged (None: the
+# figure named instead, i.e. as many units as learners).
+RUNTIME_DEFAULTS: dict[str, float | str] = dict(
+    cores_per_node="gpus_per_node", learner_contention=1.0, learner_overhead_s=0.0, updater_contention=1.0,
+    learner_cv=0.05, updater_cv=0.0)
+_RUNTIME_DEFAULT_SOURCES = {
+    "cores_per_node": "default: gpus_per_node (every learner has its own accelerator)",
+    "learner_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
+    "learner_overhead_s": "default: 0 (host cost of a learner cycle not modelled)",
+    "updater_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
+    "learner_cv": "default: 0.05 (assumed compute jitter)",
+    "updater_cv": "default: 0 (a deterministic updater cycle, the protocol's assumption)",
+}
+
+
 def _check_field(field: str) -> None:
     if field not in FIELDS:
         raise ConfigError("field", field, f"a machine figure: one of {', '.join(FIELDS)}")
@@ -156,17 +193,26 @@ def _check_field(field: str) -> None:
 def make_machine(name: str, description: str, sources: dict[str, str], **figures: float) -> Machine:
     """Builds a :class:`Machine` from keyword figures (all fields of the dataclass are required).
 
+    The runtime figures (:data:`RUNTIME_DEFAULTS`) may be left out: they then take their defaults, with a
+    source that says so.
+
     Raises:
       ConfigError: a missing, unknown, non-finite or non-positive figure (zero allowed for overheads,
-        cache-miss slowdowns and ``half_efficiency_batch``, where it means "off").
+        cache-miss slowdowns, ``half_efficiency_batch`` and the two cvs, where it means "off").
     """
-    missing = [f for f in FIELDS if f not in figures]
+    figures = dict(figures)
+    sources = dict(sources)
+    for field, default in RUNTIME_DEFAULTS.items():
+        if field not in figures:
+            figures[field] = figures.get(default) if isinstance(default, str) else default
+            sources.setdefault(field, _RUNTIME_DEFAULT_SOURCES[field])
+    missing = [f for f in FIELDS if f not in figures or figures[f] is None]
     if missing:
         raise ConfigError(f"machine {name!r} figures", tuple(missing), "present: every figure of a Machine")
     for field, value in figures.items():
         _check_field(field)
         allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
-                      or field == "half_efficiency_batch")
+                      or field in ("half_efficiency_batch", "learner_cv", "updater_cv"))
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -370,6 +416,51 @@ def _cpu() -> Machine:
         updater_passes=5.0, updater_overhead_s=1e-4, **CPU_CALIBRATION)
 
 
+# The command that measures and fits the cpu_runtime preset's figures (jaxsprint.runtime on this machine: one
+# learner's gradient step at five sub-batches, runtime runs of 1-8 learners with and without an emulated
+# network, gloo all-reduces over 2 processes; about 10 minutes on a quiet machine). It writes
+# docs/runtime-calibration.json and prints CPU_RUNTIME_CALIBRATION as below.
+CPU_RUNTIME_CALIBRATION_COMMAND = (
+    "python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json")
+CPU_RUNTIME_CALIBRATION_FILE = "docs/runtime-calibration.json"
+_RUNTIME_FITTED = (f"fitted by `{CPU_RUNTIME_CALIBRATION_COMMAND}` (stored in {CPU_RUNTIME_CALIBRATION_FILE}; "
+                   "experiments/calibrate_runtime.py --fit_only refits the stored measurements)")
+_RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the first probe of the runtime "
+                        f"(2 cores, 2-8 learners), to be replaced by the fit of `{CPU_RUNTIME_CALIBRATION_COMMAND}`")
+# The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
+CPU_RUNTIME_FITTED = False
+CPU_RUNTIME_CALIBRATION = dict(
+    efficiency_fwd=0.5, half_efficiency_batch=4.0, step_overhead_s=1e-3,
+    learner_overhead_s=1e-3, learner_contention=1.0, updater_overhead_s=1e-3, updater_contention=1.0,
+    host_memory_bandwidth_bytes_per_s=10e9, network_latency_s=5e-4, network_bandwidth_bytes_per_s=1e9,
+    learner_cv=0.3, updater_cv=0.5)
+
+
+def _cpu_runtime() -> Machine:
+    """This machine running :mod:`jaxsprint.runtime`: the ``cpu`` preset with the runtime's figures.
+
+    The compute figures are fitted to the runtime network's XLA cost table (a two-row table of
+    :func:`jaxsprint.perf.networks.from_flax`, as :func:`jaxsprint.timing.runtime_network` builds it),
+    so use this preset with that table, not with the layer tables of the zoo.
+    """
+    base = _cpu()
+    figures = {f: float(getattr(base, f)) for f in FIELDS}
+    sources = dict(base.sources)
+    note = _RUNTIME_FITTED if CPU_RUNTIME_FITTED else _RUNTIME_PROVISIONAL
+    figures.update(CPU_RUNTIME_CALIBRATION, efficiency_bwd_data=CPU_RUNTIME_CALIBRATION["efficiency_fwd"],
+                   efficiency_bwd_weight=CPU_RUNTIME_CALIBRATION["efficiency_fwd"], cores_per_node=2.0)
+    sources.update({f: note for f in CPU_RUNTIME_CALIBRATION})
+    sources.update({
+        "efficiency_bwd_data": f"tied to efficiency_fwd (one figure for the whole XLA table), {note}",
+        "efficiency_bwd_weight": f"tied to efficiency_fwd (one figure for the whole XLA table), {note}",
+        "cores_per_node": "2 physical cores (the learners of every process on this machine share them)",
+        "gpus_per_node": "2 cores; the runtime's learners_per_host is given per prediction",
+    })
+    return make_machine(
+        "cpu_runtime", "this 2-core machine running jaxsprint.runtime: learner threads on fake CPU devices "
+        "sharing the cores, one updater thread, gloo between processes", sources, **figures)
+
+
 PRESETS = {
     "tsubame25": _tsubame25,
     "tsubame_kfc_dl": _tsubame_kfc_dl,
@@ -377,6 +468,7 @@ PRESETS = {
     "dgx_h100": lambda: _dgx("h100"),
     "dgx_h200": lambda: _dgx("h200"),
     "cpu": _cpu,
+    "cpu_runtime": _cpu_runtime,
 }
 
 
@@ -416,5 +508,7 @@ def describe(machine: Machine) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CPU_CALIBRATION", "CPU_CALIBRATION_COMMAND", "FIELDS", "Machine", "PRESETS", "describe", "get",
+__all__ = ["CPU_CALIBRATION", "CPU_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION",
+           "CPU_RUNTIME_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION_FILE", "CPU_RUNTIME_FITTED", "FIELDS",
+           "RUNTIME_DEFAULTS", "Machine", "PRESETS", "describe", "get",
            "make_machine", "with_figures"]

@@ -18,10 +18,27 @@ batch x pixels) and the channel counts and saturates; ``pi`` is the peak FLOP/s,
 roofline), ``t_input = b * input_bytes * gpus_per_node / storage_bw`` and ``t_copy = 2 * 4P /
 pcie_bw`` (weights down, gradient up). The updater cycle:
 ``T_u = (gpus_per_node + passes) * 4P / host_bw + allreduce(4P, nodes) + t_overhead``.
+
+**The runtime on one machine** (:mod:`jaxsprint.runtime`: learner threads that may share cores, an updater
+thread on the same cores). ``N`` learners on ``C`` compute units (``cores_per_node``) time-share them once
+``N > C``, so both cycles stretch by a sharing factor with a fitted exponent:
+
+.. math::
+    T_c(N, b) = \big(T_c(b) + t_{learner}\big)\,\max(1, N/C)^{a_c}, \qquad
+    T_u = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead}\big)\,\max(1, N/C)^{a_u}
+          + t_{net} + \mathrm{allreduce}(4P, nodes)
+
+``T_c(b)`` the learner time above, ``t_learner`` its per-cycle host cost (weight fetch, hand-off into the node
+buffer, dispatch), ``N_h`` the learners of one host (whose gradients the updater swaps out), ``t_net`` the
+runtime's emulated network time (``config.sprint.network_time_s``), the all-reduce the gloo (or NCCL) sum
+across the hosts (0 for one host). ``N`` counts every learner on the cores: all hosts' when the hosts are
+processes of one machine. For ``N <= C`` nothing changes (``a`` does not matter): the form reduces to the
+SPRINT model of separate accelerators.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +49,9 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import (BYTES_PER_VALUE, KIND_CONV, KIND_DENSE, KIND_MAXPOOL, KIND_NORM, KIND_XLA,
                                      NetworkCost)
 
-__all__ = ["SMOOTH_MAX_EPS", "compute_time_s", "device_step_time_s", "layer_times_s", "max_sub_batch",
-           "memory_bytes", "smooth_max", "update_time_s"]
+__all__ = ["RuntimeTimes", "SMOOTH_MAX_EPS", "compute_time_s", "device_step_time_s", "layer_times_s",
+           "max_sub_batch", "memory_bytes", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s",
+           "sharing_slowdown", "smooth_max", "update_time_s"]
 
 SMOOTH_MAX_EPS = 0.05  # relative width of the roofline's smooth corner
 
@@ -242,3 +260,116 @@ def max_sub_batch(network: NetworkCost, machine: Machine) -> int:
     per_sample = BYTES_PER_VALUE * float(network.activation_elems)
     return max(0, int(math.floor((float(machine.device_memory_bytes) - fixed) / per_sample)))
 
+
+
+def sharing_slowdown(learners: jax.Array, cores: jax.Array, contention: jax.Array) -> jax.Array:
+    """``max(1, N / C)^a``: how much longer a cycle takes when ``N`` threads share ``C`` compute units.
+
+    With ``a = 1`` each of ``N > C`` threads gets ``C / N`` of a unit (fair time-sharing); ``a > 1`` adds the
+    cost of sharing itself (caches, scheduling, the interpreter lock), ``a < 1`` says one thread alone left
+    the unit partly idle. Smooth in ``a`` and ``C``; 1 for ``N <= C``.
+    """
+    ratio = jnp.asarray(learners, jnp.float32) / jnp.asarray(cores, jnp.float32)
+    return jnp.maximum(1.0, ratio) ** contention
+
+
+def runtime_compute_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
+                           learners: jax.Array, cores: jax.Array | None = None) -> jax.Array:
+    """Learner cycle ``T_c`` of the runtime: ``(T_c(b) + t_learner) max(1, N / C)^a_c`` (module docstring).
+
+    Args:
+      network: Cost table of the learners' network.
+      machine: Machine (``learner_overhead_s``, ``learner_contention``, ``cores_per_node``).
+      sub_batch: Samples per learner gradient.
+      learners: ``N``, the learner threads sharing the cores (every host's when the hosts are processes
+        of one machine).
+      cores: ``C`` (default: the machine's ``cores_per_node``).
+
+    Returns:
+      Seconds.
+    """
+    c = machine.cores_per_node if cores is None else cores
+    one = compute_time_s(network, machine, sub_batch, gpus_per_node=learners) + machine.learner_overhead_s
+    return one * sharing_slowdown(learners, c, machine.learner_contention)
+
+
+def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Array, learners: jax.Array,
+                          network_time_s: jax.Array = 0.0, *, sharing_learners: jax.Array | None = None,
+                          cores: jax.Array | None = None, algorithm: str = "ring") -> jax.Array:
+    """Updater cycle ``T_u`` of the runtime (module docstring).
+
+    ``((learners + updater_passes) 4P / host_bw + updater_overhead_s) max(1, N / C)^a_u + network_time_s
+    + allreduce(4P, nodes)``.
+
+    Args:
+      network: Cost table (only the parameter count matters).
+      machine: Machine (host bandwidth, ``updater_overhead_s``, ``updater_contention``, network figures).
+      nodes: Hosts all-reducing every cycle (1: no all-reduce).
+      learners: Learners of one host (the gradients its updater takes in).
+      network_time_s: The runtime's emulated network time added to every cycle.
+      sharing_learners: ``N``, the learner threads on the updater's cores (default ``learners``; every
+        host's when the hosts are processes of one machine).
+      cores: ``C`` (default: the machine's ``cores_per_node``).
+      algorithm: Inter-node all-reduce, one of :data:`jaxsprint.perf.collectives.ALGORITHMS`.
+
+    Returns:
+      Seconds.
+    """
+    t_own, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s,
+                                          sharing_learners, cores, algorithm)
+    return t_own + t_wait
+
+
+def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners, cores, algorithm):
+    """``(the updater's own work, the network's part)`` of :func:`runtime_update_time_s`."""
+    c = machine.cores_per_node if cores is None else cores
+    n = learners if sharing_learners is None else sharing_learners
+    g = jnp.asarray(learners, jnp.float32)
+    param_bytes = BYTES_PER_VALUE * network.total_params
+    t_host = (g + machine.updater_passes) * param_bytes / machine.host_memory_bandwidth_bytes_per_s
+    t_own = (t_host + machine.updater_overhead_s) * sharing_slowdown(n, c, machine.updater_contention)
+    t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
+                                         machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
+    return t_own, t_net + jnp.asarray(network_time_s, jnp.float32)
+
+
+class RuntimeTimes(NamedTuple):
+    """What the model needs of a runtime configuration: both cycle means and their coefficients of variation."""
+
+    t_compute_s: jax.Array  # mean learner cycle (s)
+    t_update_s: jax.Array  # mean updater cycle (s)
+    t_compute_cv: jax.Array
+    t_update_cv: jax.Array
+
+
+def runtime_times(network: NetworkCost, machine: Machine, *, learners_per_host: jax.Array,
+                  sub_batch: jax.Array, hosts: jax.Array = 1, network_time_s: jax.Array = 0.0,
+                  co_located: bool = True, algorithm: str = "ring") -> RuntimeTimes:
+    """``T_c``, ``T_u`` and their cvs of a runtime configuration, from the machine's figures alone.
+
+    The specs prediction of the runtime: feed the result to :func:`jaxsprint.perf.sprint.distributions`
+    (``n = learners_per_host * hosts``, ``cv = t_compute_cv``, ``update_cv = t_update_cv``).
+
+    Args:
+      network: Cost table of the learners' network.
+      machine: Machine preset (e.g. ``cpu_runtime``).
+      learners_per_host: Learner threads per host.
+      sub_batch: Samples per learner gradient.
+      hosts: Processes (hosts) all-reducing every cycle.
+      network_time_s: The emulated network time of every updater cycle.
+      co_located: True when the hosts are processes of one machine sharing its ``cores_per_node`` cores
+        (this project's tests and validation grid); False for separate machines.
+      algorithm: Inter-node all-reduce.
+
+    Returns:
+      :class:`RuntimeTimes`. The learner's cv is the machine's ``learner_cv``; the updater's own work
+      jitters with cv ``updater_cv`` while the network's part (an emulated wait, a collective) is taken as
+      steady, so ``t_update_cv = updater_cv * own / T_u``.
+    """
+    per_host = jnp.asarray(learners_per_host, jnp.float32)
+    sharing = per_host * jnp.asarray(hosts, jnp.float32) if co_located else per_host
+    t_c = runtime_compute_time_s(network, machine, sub_batch, sharing)
+    t_own, t_wait = _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None,
+                                          algorithm)
+    t_u = t_own + t_wait
+    return RuntimeTimes(t_c, t_u, jnp.asarray(machine.learner_cv, jnp.float32), machine.updater_cv * t_own / t_u)
