@@ -1,0 +1,245 @@
+r"""The SPRINT model judged against the runtime: predictions from measured timings or from specs, and errors.
+
+Two predictions of a run's statistics (:func:`jaxsprint.runtime.events.statistics`):
+
+* **from timings** (:func:`predict_from_timings`): the model's distributions
+  (:func:`jaxsprint.perf.sprint.distributions`) from the run's measured learner cycle ``T_c`` (mean and cv)
+  and updater cycle ``T_u`` (mean, and its cv where the model takes an ``update_cv``). This judges the
+  protocol's mathematics on a real run: the paper reports 5% / 9% / 19% average error (epoch time,
+  mini-batch, staleness) at this level.
+* **from specs** (:func:`predict_from_specs`): ``T_c`` and ``T_u`` predicted by
+  :mod:`jaxsprint.perf.times` from the cost table of the run's network (:func:`network_cost`) and a
+  machine preset (e.g. the calibrated ``cpu_runtime``), the way a plan is made before anything runs.
+
+:func:`compare` gives the errors: relative errors ``predicted / measured - 1`` of the epoch time, the mean
+mini-batch and the mean staleness, and the total-variation distance
+``TV(p, q) = 1/2 sum_x |p(x) - q(x)|`` of the mini-batch and staleness pmfs.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from jaxsprint.errors import ConfigError
+
+__all__ = ["ERROR_KEYS", "compare", "network_cost", "predict", "predict_from_specs", "predict_from_timings",
+           "spec_times", "tv_distance"]
+
+ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
+              "staleness_tv")
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (the model gains options; this module works with and without)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _pow2(x: float) -> int:
+    return int(2 ** math.ceil(math.log2(max(x, 8.0))))
+
+
+def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float) -> dict[str, int]:
+    """Static pmf windows of :func:`jaxsprint.perf.sprint.distributions`, widened for updater jitter.
+
+    A jittering updater cycle spreads the count by about ``N r update_cv`` (``r = T_u / T_c``) and the
+    staleness by about ``sqrt(q + 1) update_cv`` (``q = T_c / T_u``), on top of what
+    :func:`~jaxsprint.perf.sprint.suggest_windows` sizes for the compute jitter.
+    """
+    from jaxsprint.perf import sprint
+
+    kw = dict(update_cv=update_cv) if _accepts(sprint.suggest_windows, "update_cv") else {}
+    sizes = dict(sprint.suggest_windows(n, tc, tu, cv, **kw))
+    r, q = tu / tc, tc / tu
+    sizes["learner_size"] = max(sizes["learner_size"], _pow2(20.0 * r * update_cv + 8))
+    sizes["count_size"] = max(sizes["count_size"], _pow2(16.0 * n * r * update_cv + 16))
+    sizes["staleness_size"] = max(sizes["staleness_size"], _pow2(20.0 * math.sqrt(q + 1.0) * update_cv + 8))
+    sizes["count_size"] = max(sizes["count_size"], sizes["learner_size"])  # the N-fold sum holds one learner's
+    return sizes
+
+
+def _pmf_dict(offset: Any, pmf: Any, scale: int = 1, threshold: float = 1e-9) -> dict[int, float]:
+    p = np.asarray(pmf, np.float64)
+    p = p / p.sum()
+    return {scale * (int(offset) + i): float(v) for i, v in enumerate(p) if v > threshold}
+
+
+def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, update_cv: float = 0.0, *,
+            sub_batch: int, dataset_size: int) -> dict[str, Any]:
+    """The model's statistics of a configuration given its two cycles (mean and cv of each).
+
+    ``update_cv`` is passed to :func:`jaxsprint.perf.sprint.distributions` when the model takes it;
+    otherwise the updater cycle is deterministic and ``update_cv_used`` says 0.
+
+    Args:
+      n_learners: ``N``, all hosts.
+      t_compute_s: ``T_c``.
+      t_update_s: ``T_u``.
+      cv: Coefficient of variation of ``T_c`` (gamma).
+      update_cv: Coefficient of variation of ``T_u``.
+      sub_batch: Images per gradient.
+      dataset_size: Images per epoch.
+
+    Returns:
+      ``epoch_time_s`` (``N_file T_c / (N N_sub)``), ``images_per_s``, ``mean_count``, ``std_count``,
+      ``count_pmf``, ``mean_minibatch``, ``std_minibatch``, ``minibatch_pmf``, ``mean_staleness``,
+      ``std_staleness``, ``staleness_pmf`` (pmfs: dicts value -> probability), the inputs
+      ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``, and ``update_cv_used``.
+
+    Raises:
+      ConfigError: invalid timings (:func:`jaxsprint.perf.sprint.validate_timings`).
+    """
+    from jaxsprint.perf import sprint
+
+    n, b = int(n_learners), int(sub_batch)
+    tc, tu, cv, update_cv = float(t_compute_s), float(t_update_s), float(cv), float(update_cv)
+    sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size))
+    if not (math.isfinite(update_cv) and update_cv >= 0):
+        raise ConfigError("t_update_cv", update_cv, "a finite number >= 0")
+    use_ucv = _accepts(sprint.distributions, "update_cv")
+    kw = dict(update_cv=update_cv) if use_ucv else {}
+    d = sprint.distributions(n, tc, tu, cv, **kw, **_windows(n, tc, tu, cv, update_cv if use_ucv else 0.0))
+    mean_count, mean_stale = float(d.mean_count), float(d.mean_staleness)
+    images_per_s = n * b / tc
+    return dict(
+        epoch_time_s=int(dataset_size) / images_per_s, images_per_s=images_per_s,
+        mean_count=mean_count, std_count=math.sqrt(max(float(d.var_count), 0.0)),
+        count_pmf=_pmf_dict(d.count_offset, d.count_pmf),
+        mean_minibatch=b * mean_count, std_minibatch=b * math.sqrt(max(float(d.var_count), 0.0)),
+        minibatch_pmf=_pmf_dict(d.count_offset, d.count_pmf, b),
+        mean_staleness=mean_stale, std_staleness=math.sqrt(max(float(d.var_staleness), 0.0)),
+        staleness_pmf=_pmf_dict(d.staleness_offset, d.staleness_pmf),
+        t_compute_s=tc, t_compute_cv=cv, t_update_s=tu, t_update_cv=update_cv,
+        update_cv_used=update_cv if use_ucv else 0.0,
+    )
+
+
+def predict_from_timings(stats: Mapping[str, Any], *, use_update_cv: bool = True) -> dict[str, Any]:
+    """The model's prediction of a run from its measured cycles (:func:`predict`).
+
+    Args:
+      stats: :func:`jaxsprint.runtime.events.statistics` of the run (``learners``, ``sub_batch``,
+        ``dataset_size``, ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``).
+      use_update_cv: Give the model the measured updater jitter (where it takes one); False: a
+        deterministic updater cycle, the original protocol.
+
+    Returns:
+      :func:`predict`'s dict.
+    """
+    for key in ("t_compute_s", "t_update_s"):
+        if not (math.isfinite(stats[key]) and stats[key] > 0):
+            raise ConfigError(f"measured {key}", stats[key], "a finite time > 0: the run is too short after the "
+                                                             "warm-up (too few gradients or updates)")
+    cv = stats["t_compute_cv"] if math.isfinite(stats["t_compute_cv"]) else 0.0
+    ucv = stats["t_update_cv"] if use_update_cv and math.isfinite(stats["t_update_cv"]) else 0.0
+    return predict(stats["learners"], stats["t_compute_s"], stats["t_update_s"], min(cv, 2.0), ucv,
+                   sub_batch=stats["sub_batch"], dataset_size=stats["dataset_size"])
+
+
+def network_cost(config: Any) -> Any:
+    """The cost table (:class:`~jaxsprint.perf.networks.NetworkCost`) of a SPRINT config's network.
+
+    The two-row XLA table of the flax model the learners run (:func:`jaxsprint.perf.networks.from_flax`
+    of ``config.model`` at ``config.image_size`` with the dataset's channels and classes, BatchNorm in
+    training mode), which is what the ``cpu_runtime`` preset is calibrated on. Uses
+    ``jaxsprint.timing.runtime_network`` instead where it exists, so that the calibration and this
+    prediction share one table.
+    """
+    from jaxsprint import data, models, timing
+    from jaxsprint.perf import networks
+
+    if hasattr(timing, "runtime_network"):
+        return timing.runtime_network(config)
+    dataset = data.load_dataset(config)
+    model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype)
+    shape = (int(config.image_size), int(config.image_size), int(dataset.channels))
+    return networks.from_flax(model, shape, name=config.model, apply_kwargs={"train": True})
+
+
+def spec_times(network: Any, machine: Any, *, learners_per_host: int, num_hosts: int, sub_batch: int,
+               network_time_s: float) -> tuple[float, float, float, float]:
+    """``(T_c, T_u, cv, update_cv)`` of a runtime configuration from the machine's figures.
+
+    The one place the specs prediction calls :mod:`jaxsprint.perf.times`: its ``runtime_times`` (learners
+    that share the cores, the updater's own cost, both cycles' jitter; the hosts taken as processes of one
+    machine) where it exists, else the SPRINT model's ``compute_time_s`` / ``update_time_s`` with the
+    emulated network time added to the updater cycle and no jitter.
+    """
+    from jaxsprint.perf import times
+
+    if hasattr(times, "runtime_times"):
+        t = times.runtime_times(network, machine, learners_per_host=learners_per_host, sub_batch=sub_batch,
+                                hosts=num_hosts, network_time_s=network_time_s)
+        return float(t.t_compute_s), float(t.t_update_s), float(t.t_compute_cv), float(t.t_update_cv)
+    tc = times.compute_time_s(network, machine, sub_batch, learners_per_host)
+    tu = times.update_time_s(network, machine, num_hosts, learners_per_host) + network_time_s
+    return float(tc), float(tu), 0.0, 0.0
+
+
+def predict_from_specs(machine: Any, network: Any, config: Any, *, num_hosts: int = 1,
+                       learners_per_host: int | None = None, dataset_size: int | None = None) -> dict[str, Any]:
+    """The model's prediction of a run from the machine's specs and the network's costs alone.
+
+    Args:
+      machine: A :class:`~jaxsprint.perf.machines.Machine` (e.g. ``machines.get("cpu_runtime")``).
+      network: The cost table of the run's network (:func:`network_cost`).
+      config: The SPRINT config (``config.sprint.sub_batch``, ``network_time_s``, ``learners_per_host``).
+      num_hosts: Processes of the run.
+      learners_per_host: Overrides ``config.sprint.learners_per_host`` (needed when that is None, i.e.
+        one learner per local device: give the number of devices).
+      dataset_size: Images per epoch (default: the training set of ``config``'s dataset).
+
+    Returns:
+      :func:`predict`'s dict, ``T_c``/``T_u`` and their cvs from :func:`spec_times`.
+    """
+    s = config.sprint
+    lph = learners_per_host if learners_per_host is not None else s.learners_per_host
+    if lph is None:
+        raise ConfigError("learners_per_host", None, "an integer >= 1 (config.sprint.learners_per_host is None: "
+                                                     "give the number of local devices)")
+    if dataset_size is None:
+        from jaxsprint import data
+
+        dataset_size = data.load_dataset(config).num_train
+    tc, tu, cv, ucv = spec_times(network, machine, learners_per_host=int(lph), num_hosts=int(num_hosts),
+                                 sub_batch=int(s.sub_batch), network_time_s=float(s.network_time_s))
+    return predict(int(lph) * int(num_hosts), tc, tu, cv, ucv, sub_batch=int(s.sub_batch),
+                   dataset_size=int(dataset_size))
+
+
+def tv_distance(p: Mapping[Any, float], q: Mapping[Any, float]) -> float:
+    """Total-variation distance ``1/2 sum_x |p(x) - q(x)|`` of two pmfs given as dicts (keys compared as
+    integers, so ``"3"`` and ``3`` are one value); each is normalised first (empty: NaN)."""
+    p = {int(k): float(v) for k, v in p.items()}
+    q = {int(k): float(v) for k, v in q.items()}
+    sp, sq = sum(p.values()), sum(q.values())
+    if sp <= 0 or sq <= 0:
+        return math.nan
+    return 0.5 * sum(abs(p.get(k, 0.0) / sp - q.get(k, 0.0) / sq) for k in set(p) | set(q))
+
+
+def _rel(pred: float, meas: float) -> float:
+    if not (math.isfinite(pred) and math.isfinite(meas)) or meas == 0:
+        return math.nan
+    return pred / meas - 1.0
+
+
+def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[str, float]:
+    """Errors of a prediction against a measurement (both dicts of this module's / events' form).
+
+    Returns:
+      ``epoch_time_rel_error``, ``mean_minibatch_rel_error``, ``mean_staleness_rel_error`` (signed:
+      ``predicted / measured - 1``), ``minibatch_tv`` and ``staleness_tv`` (:func:`tv_distance`).
+    """
+    return dict(
+        epoch_time_rel_error=_rel(predicted["epoch_time_s"], measured["epoch_time_s"]),
+        mean_minibatch_rel_error=_rel(predicted["mean_minibatch"], measured["mean_minibatch"]),
+        mean_staleness_rel_error=_rel(predicted["mean_staleness"], measured["mean_staleness"]),
+        minibatch_tv=tv_distance(measured["minibatch_pmf"], predicted["minibatch_pmf"]),
+        staleness_tv=tv_distance(measured["staleness_pmf"], predicted["staleness_pmf"]),
+    )
