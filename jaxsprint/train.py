@@ -51,6 +51,36 @@ def _micro_batches(x: jax.Array, k: int, num_shards: int) -> jax.Array:
     return jnp.swapaxes(y, 0, 1).reshape((k, num_shards * m) + x.shape[1:])
 
 
+# The non-finite guard: every floating leaf a step writes, in the order the first offender is reported.
+GUARDED = ("loss", "grad_norm", "params", "batch_stats", "opt_state")
+
+
+def guarded_leaves(quantities: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, leaf)`` of every floating leaf of `quantities` (keys from `GUARDED`), names like
+    ``batch_stats/BatchNorm_0/var``, in a fixed order (the guard vector's)."""
+    out = []
+    for group in GUARDED:
+        for path, leaf in checkpoint.named_leaves(quantities[group]):
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                out.append((f"{group}/{path}" if path else group, leaf))
+    return out
+
+
+def guard_names(state: TrainState) -> list[str]:
+    """The names of the entries of the step's ``metrics["guard"]`` vector for a state of this structure."""
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    return [name for name, _ in guarded_leaves({"loss": scalar, "grad_norm": scalar, "params": state.params,
+                                                "batch_stats": state.batch_stats,
+                                                "opt_state": state.opt_state})]
+
+
+def _guard_vector(quantities: dict[str, Any]) -> jax.Array:
+    """One float32 per guarded leaf: 0 where the leaf is finite, else the sum of its non-finite entries (inf,
+    -inf or nan). One fused pass over the state, so the check costs about a read of it."""
+    return jnp.stack([jnp.sum(jnp.where(jnp.isfinite(x), 0.0, x.astype(jnp.float32)))
+                      for _, x in guarded_leaves(quantities)])
+
+
 def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, accum_steps: int = 1,
                     num_shards: int = 1, mesh: Mesh | None = None,
                     grad_transform: Callable | None = None, unroll_accum: int = 8) -> Callable:
@@ -71,6 +101,11 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
     `weights` (default 1; the asynchronous emulator's random mini-batch uses them), so accumulation and
     weighting stay exactly normalised. Metrics: the loss, top-1 accuracy over examples with w > 0, the
     gradient norm and, with the delayed-gradient transform, the realised staleness.
+
+    The non-finite guard: ``metrics["guard"]`` is a float32 vector over every floating leaf the step writes
+    (loss, gradient norm, parameters, BN statistics, optimizer state; names from `guard_names`), 0 where the
+    leaf is finite. When any entry is not finite, the step returns the input state unchanged (a ``jnp.where``
+    per leaf; bit-identical otherwise), so the last good state is never replaced.
     """
 
     def loss_fn(params, batch_stats, images, labels, weights, total_weight):
@@ -118,6 +153,11 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
             "accuracy": correct / jnp.maximum(count, 1.0),
             "grad_norm": optax.tree.norm(grads),
         }
+        guard = _guard_vector({"loss": loss, "grad_norm": metrics["grad_norm"], "params": new_state.params,
+                               "batch_stats": new_state.batch_stats, "opt_state": new_state.opt_state})
+        metrics["guard"] = guard
+        ok = jnp.all(jnp.isfinite(guard))
+        new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
         delayed = staleness.staleness_metrics(new_state.opt_state)
         if delayed:
             metrics["staleness"] = delayed["staleness/last"]
@@ -222,6 +262,7 @@ def build_experiment(config) -> Experiment:
     """Validates `config`, opens the data, builds mesh, model, optimizer and the jitted functions."""
     mesh = parallel.make_mesh(config.num_devices)
     validate_config(config, mesh.size)
+    checkpoint.validate_config(config)
     accel = cpu.acceleration(config.cpu_kernels)
     dataset = data_lib.load_dataset(config)
     hp = optim.derive_hparams(config, dataset.num_train)
@@ -264,26 +305,45 @@ def build_experiment(config) -> Experiment:
 # The loop.
 
 
-def _checkpoint_extras(state: TrainState, polished_stats=None) -> dict:
-    """What a checkpoint holds beside the state: the polished statistics (the EMA ones until polished)."""
-    return {"polished_batch_stats": state.batch_stats if polished_stats is None else polished_stats,
-            "polished": jnp.asarray(int(polished_stats is not None), jnp.int32)}
+def _checkpoint_extras(exp: Experiment, state: TrainState, polished_stats=None) -> dict:
+    """What a checkpoint holds beside the state: the polished statistics (the EMA ones until polished).
+
+    Global arrays, replicated over the mesh (a multi-process checkpoint cannot hold host-local arrays).
+    """
+    rep = parallel.replicated(exp.mesh)
+    flag = np.asarray(int(polished_stats is not None), np.int32)
+    stats = state.batch_stats if polished_stats is None else polished_stats
+    return {"polished_batch_stats": jax.jit(lambda t: t, out_shardings=rep)(stats),
+            "polished": jax.make_array_from_callback((), rep, lambda index: flag[index])}
 
 
 class _Window:
     """Metrics of the steps since the last log line: fetched together, checked for NaN/Inf, written."""
 
-    def __init__(self, exp: Experiment, writer: metrics_lib.MetricWriter):
-        self.exp, self.writer = exp, writer
+    def __init__(self, exp: Experiment, writer: metrics_lib.MetricWriter, names: list[str]):
+        self.exp, self.writer, self.names = exp, writer, names
         self.pending: list[tuple[int, dict]] = []
+        self.checked = 0  # pending entries whose guard has been checked
         self.last: dict[str, float] = {}
         self.hists: dict[str, np.ndarray] = {}
         self.seconds, self.timed = 0.0, 0
         self._t = None
 
+    def check(self) -> None:
+        """Raises NonFiniteError at the first pending step whose guard is not finite (a small fetch; call it
+        before a checkpoint so that none holds a state after a non-finite step)."""
+        new = self.pending[self.checked:]
+        for s, guard in jax.device_get([(s, m["guard"]) for s, m in new]):
+            bad = np.flatnonzero(~np.isfinite(guard))
+            if len(bad):
+                raise NonFiniteError(s, self.names[bad[0]], float(guard[bad[0]]))
+        self.checked = len(self.pending)
+
     def flush(self) -> None:
-        fetched, self.pending = jax.device_get(self.pending), []
+        self.check()
+        fetched, self.pending, self.checked = jax.device_get(self.pending), [], 0
         for s, m in fetched:
+            del m["guard"]
             for name, value in m.items():
                 if not np.isfinite(value):
                     raise NonFiniteError(s, name, float(value))
@@ -359,59 +419,96 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     hp = exp.hp
     state = exp.init_state()
     mgr = checkpoint.manager(workdir, config.keep_checkpoints)
-    batches = exp.train_iterator()
-    state, start_step, polished_stats = _resume(mgr, state, batches)
-    writer = metrics_lib.MetricWriter(workdir)
-    window = _Window(exp, writer)
+    writer = None
+    try:
+        batches = exp.train_iterator()
+        # Before anything is written: a checkpoint that does not match or cannot be read stops the run here.
+        state, start_step, polished_stats = _resume(exp, mgr, state, batches)
+        writer = metrics_lib.MetricWriter(workdir)
+        summary, state, polished_stats = _loop(exp, workdir, mgr, writer, state, batches, start_step,
+                                               polished_stats, stop_after_steps, t_start)
+    finally:
+        # Also on an error (a non-finite step): let a pending asynchronous save finish and close orbax's
+        # threads first, so that the last good checkpoint is complete and no temporary folder is left.
+        mgr.wait_until_finished()
+        mgr.close()
+        if writer is not None:
+            writer.close()
+    return dict(summary, state=state, polished_batch_stats=polished_stats, experiment=exp)
+
+
+def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches, start_step: int,
+          polished_stats, stop_after_steps: int | None, t_start: float):
+    config, hp = exp.config, exp.hp
+    window = _Window(exp, writer, guard_names(state))
     eval_every = every_steps(config.eval_every_epochs, hp.steps_per_epoch)
     ckpt_every = every_steps(config.checkpoint_every_epochs, hp.steps_per_epoch)
     end_step = hp.total_steps if stop_after_steps is None else min(stop_after_steps, hp.total_steps)
     progress = _Progress(config, hp.total_steps, start_step)
     last_eval: dict[str, float] = {}
     step = start_step
-    for step, images, labels, weights, k in _step_inputs(exp, batches, start_step, end_step):
-        state, m = exp.train_step(state, images, labels, weights)
-        window.pending.append((step, m if k is None else dict(m, minibatch_k=k)))
-        if is_time(step, config.log_every_steps, end_step) or is_time(step, eval_every, end_step):
-            window.flush()
-        if is_time(step, eval_every, end_step):
-            last_eval = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
-            writer.write(step, {f"eval_{k}": v for k, v in last_eval.items()})
-            progress.say(f"step {step}/{hp.total_steps} (epoch {step / hp.steps_per_epoch:.1f}): eval accuracy "
-                 f"{100 * last_eval['accuracy']:.2f}% loss {last_eval['loss']:.4f}")
-            window.pause()
-        if step < end_step and is_time(step, ckpt_every, end_step):
-            checkpoint.save(mgr, step, state, _checkpoint_extras(state), batches)
-        progress.update(window.last)
-    progress.close()
+    try:
+        for step, images, labels, weights, k in _step_inputs(exp, batches, start_step, end_step):
+            state, m = exp.train_step(state, images, labels, weights)
+            window.pending.append((step, m if k is None else dict(m, minibatch_k=k)))
+            if is_time(step, config.log_every_steps, end_step) or is_time(step, eval_every, end_step):
+                window.flush()
+            if is_time(step, eval_every, end_step):
+                last_eval = _evaluate(exp, step, {"params": state.params, "batch_stats": state.batch_stats})
+                writer.write(step, {f"eval_{k}": v for k, v in last_eval.items()})
+                progress.say(f"step {step}/{hp.total_steps} (epoch {step / hp.steps_per_epoch:.1f}): eval "
+                             f"accuracy {100 * last_eval['accuracy']:.2f}% loss {last_eval['loss']:.4f}")
+                window.pause()
+            if step < end_step and is_time(step, ckpt_every, end_step):
+                window.check()  # never a checkpoint of a state after a non-finite step
+                checkpoint.save(mgr, step, state, _checkpoint_extras(exp, state), batches)
+            progress.update(window.last)
+    finally:
+        progress.close()
     if not last_eval:
-        last_eval = exp.evaluate({"params": state.params, "batch_stats": state.batch_stats})
+        last_eval = _evaluate(exp, step, {"params": state.params, "batch_stats": state.batch_stats})
     polished_eval, polish_time, polished_stats = _final_polish(exp, state, step, polished_stats, last_eval, writer)
     if mgr.latest_step() != step:
-        checkpoint.save(mgr, step, state, _checkpoint_extras(state, polished_stats), batches)
+        checkpoint.save(mgr, step, state, _checkpoint_extras(exp, state, polished_stats), batches)
     mgr.wait_until_finished()
-    writer.close()
     summary = _summary(exp, step, window, last_eval, polished_eval, polish_time, time.time() - t_start)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
-    return dict(summary, state=state, polished_batch_stats=polished_stats, experiment=exp)
+    return summary, state, polished_stats
+
+
+def _evaluate(exp: Experiment, step: int, variables, name: str = "eval_loss") -> dict[str, float]:
+    """`Experiment.evaluate`, stopping the run when the loss is not finite (the state is not saved)."""
+    result = exp.evaluate(variables)
+    if not np.isfinite(result["loss"]):
+        raise NonFiniteError(step, name, result["loss"])
+    return result
 
 
 def load_checkpoint(exp: Experiment, workdir: str) -> tuple[TrainState, int, Any] | None:
     """The latest checkpoint of a run of `exp` in `workdir`: ``(state, step, polished statistics or None)``,
     or None when there is none."""
     mgr = checkpoint.manager(workdir, exp.config.keep_checkpoints)
-    state = exp.init_state()
-    if mgr.latest_step() is None:
-        return None
-    return _resume(mgr, state, exp.train_iterator())
+    try:
+        state = exp.init_state()
+        if mgr.latest_step() is None:
+            return None
+        return _resume(exp, mgr, state, exp.train_iterator())
+    finally:
+        mgr.close()
 
 
-def _resume(mgr, state: TrainState, batches) -> tuple[TrainState, int, Any]:
-    """(state, step, polished statistics or None) of the latest checkpoint, with `batches` set to where that
-    run's data iterator stood; the fresh state at step 0 when there is none."""
-    restored = checkpoint.restore(mgr, state, _checkpoint_extras(state), batches)
+def _resume(exp: Experiment, mgr, state: TrainState, batches) -> tuple[TrainState, int, Any]:
+    """(state, step, polished statistics or None) of the latest checkpoint (``config.resume``: "latest" or
+    "latest_good"), with `batches` set to where that run's data iterator stood; the fresh state at step 0
+    when there is none.
+
+    Raises:
+      CheckpointError: the checkpoint does not match this config (what differs) or cannot be read (step).
+    """
+    restored = checkpoint.restore(mgr, state, _checkpoint_extras(exp, state), batches,
+                                  resume=exp.config.get("resume", "latest"))
     if restored is None:
         return state, 0, None
     state, extra, step = restored
@@ -457,12 +554,21 @@ def _final_polish(exp: Experiment, state: TrainState, step: int, polished_stats,
     if polished_stats is None:
         polished_stats = exp.polish(state, info)
     seconds = time.time() - t0
-    polished_eval = exp.evaluate({"params": state.params, "batch_stats": polished_stats})
+    _check_finite(step, "polished_batch_stats", polished_stats)
+    polished_eval = _evaluate(exp, step, {"params": state.params, "batch_stats": polished_stats},
+                              "eval_polished_loss")
     writer.write(step, {f"eval_polished_{k}": v for k, v in polished_eval.items()})
     _say(f"final polishing: eval accuracy {100 * last_eval['accuracy']:.2f}% (EMA statistics) -> "
          f"{100 * polished_eval['accuracy']:.2f}% (recomputed statistics; {info.get('passes', 0)} passes "
          f"in {seconds:.1f} s)")
     return polished_eval, seconds, polished_stats
+
+
+def _check_finite(step: int, name: str, tree) -> None:
+    for path, leaf in checkpoint.named_leaves(jax.device_get(tree)):
+        bad = ~np.isfinite(np.asarray(leaf))
+        if bad.any():
+            raise NonFiniteError(step, f"{name}/{path}", float(np.asarray(leaf)[bad].ravel()[0]))
 
 
 def _summary(exp: Experiment, step: int, window: _Window, last_eval: dict, polished_eval: dict,
