@@ -296,13 +296,16 @@ class Emulator:
       momentum: SGD momentum ``mu`` (the updater's; it sees the stale gradients).
       weight_decay: ``lambda``, applied at the current weights.
       width: Hidden width of the MLP (the CNN uses ``width/8`` and ``width/4`` channels).
+      min_bucket: Smallest static mini-batch of the compiled step (give the largest proxy mini-batch of a
+        plan, so that all its runs share one compilation per mitigation).
 
     Raises:
       ConfigError: an unknown model or a bad size.
     """
 
     def __init__(self, data: ProxyData, model: str = "mlp", *, seeds: int = 4, max_updates: int = 1500,
-                 eval_every: int = 25, momentum: float = 0.9, weight_decay: float = 0.0, width: int = 64):
+                 eval_every: int = 25, momentum: float = 0.9, weight_decay: float = 0.0, width: int = 64,
+                 min_bucket: int = 1):
         check(model in PROXY_MODELS, "--model", model, f"one of {', '.join(PROXY_MODELS)} (proxy networks)")
         for field, v, lo in (("--seeds", seeds, 1), ("--max_updates", max_updates, 1),
                              ("--eval_every", eval_every, 1), ("--width", width, 1)):
@@ -315,6 +318,7 @@ class Emulator:
         self.num_evals = -(-max_updates // eval_every)
         self.max_updates = self.num_evals * eval_every
         self.momentum, self.weight_decay, self.width = float(momentum), float(weight_decay), width
+        self.min_bucket = int(min_bucket)
         self._compiled: dict[tuple, Callable] = {}
 
     def key_fields(self) -> dict[str, Any]:
@@ -335,7 +339,8 @@ class Emulator:
 
         def loss_fn(params, x, y, w):
             logits = _apply(model, params, x)
-            return jnp.sum(w * optax.softmax_cross_entropy_with_integer_labels(logits, y))
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+            return jnp.sum(jnp.where(w > 0, w * ce, 0.0))  # unused slots stay 0 even when a run diverges
 
         def one_seed(key, log_stale, log_mb, lr):
             params = _init(model, jax.random.fold_in(key, 1), d.image_size, d.channels, d.num_classes, self.width)
@@ -346,7 +351,10 @@ class Emulator:
                 k_tau, k_m, k_idx = jax.random.split(jax.random.fold_in(key, t), 3)
                 tau = jax.random.categorical(k_tau, log_stale)
                 m = jax.random.categorical(k_m, log_mb)
-                idx = jax.random.randint(k_idx, (bucket,), 0, n_train)
+                # One key per example slot: the first m examples do not depend on the bucket, so a run's
+                # result does not either (and the cache key leaves the bucket out).
+                idx = jax.vmap(lambda j: jax.random.randint(jax.random.fold_in(k_idx, j), (), 0, n_train))(
+                    jnp.arange(bucket))
                 w = jnp.where(jnp.arange(bucket) < m, 1.0 / jnp.maximum(m, 1).astype(jnp.float32), 0.0)
                 g = jax.grad(loss_fn)(params, train_x[idx], train_y[idx], w)
                 upd, new_opt = tx.update(g, opt, params, staleness=tau)
@@ -368,7 +376,7 @@ class Emulator:
 
     def run(self, spec: RunSpec, seed: int = 0) -> RunResult:
         """Trains ``self.seeds`` copies of the proxy under ``spec``; returns the accuracy curves."""
-        bucket = int(2 ** math.ceil(math.log2(max(spec.max_minibatch, 1))))
+        bucket = int(2 ** math.ceil(math.log2(max(spec.max_minibatch, self.min_bucket, 1))))
         key = (bucket, spec.mitigation)
         if key not in self._compiled:
             self._compiled[key] = self._build(bucket, spec.mitigation)

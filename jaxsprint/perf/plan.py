@@ -70,6 +70,7 @@ __all__ = ["LawFit", "NUM_PARAMS", "PlanResult", "Prior", "band", "candidates", 
            "law_log_updates", "least_certain", "minibatch_ladder", "plan_search", "predict_log_updates"]
 
 NUM_PARAMS = 5
+MAX_LOG_UPDATES = math.log(1e12)  # reported predictions are capped here (a run that never gets there)
 PARAM_NAMES = ("log_s_min", "log_b_noise", "log_a", "log_p", "delta")
 
 
@@ -249,10 +250,13 @@ def predict_log_updates(fit: LawFit, mean_minibatch: Sequence[float] | float,
 
 
 def band(fit: LawFit, mean_minibatch, mean_staleness, z: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(U, low, high)``: predicted updates and the band ``exp(log U +- z sqrt(sd_param^2 + residual_sd^2))``."""
+    """``(U, low, high)``: predicted updates and the band ``exp(log U +- z sqrt(sd_param^2 + residual_sd^2))``,
+    each at most ``1e12``."""
     mean, sd = predict_log_updates(fit, mean_minibatch, mean_staleness)
     tot = np.sqrt(sd ** 2 + fit.residual_sd ** 2)
-    return np.exp(mean), np.exp(mean - z * tot), np.exp(mean + z * tot)
+    # Far in the divergent corner the law's exponent is huge: report at most 1e12 updates ("never").
+    cap = lambda v: np.exp(np.minimum(v, MAX_LOG_UPDATES))  # noqa: E731
+    return cap(mean), cap(mean - z * tot), cap(mean + z * tot)
 
 
 def least_certain(fit: LawFit, mean_minibatch, mean_staleness, done: Sequence[bool], k: int) -> list[int]:
