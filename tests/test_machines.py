@@ -94,3 +94,22 @@ def test_cpu_preset_is_the_fit_of_its_stored_measurements():
     for k in (0.9, 1.1):  # the best-identified figure, both ways
         f = "half_efficiency_rows"
         assert loss(mc.with_figures(m, **{f: float(getattr(m, f)) * k})) > base, (f, k)
+
+
+def test_runtime_figures_default_when_left_out():
+    """A machine (or an old preset file) without the runtime figures gets the defaults, which say so; the
+    cpu_runtime preset names the command that fits its figures."""
+    base = mc.get("abci")
+    figures = {f: float(getattr(base, f)) for f in mc.FIELDS if f not in mc.RUNTIME_DEFAULTS}
+    m = mc.make_machine("m", "", {}, **figures)
+    assert float(m.cores_per_node) == float(base.gpus_per_node)
+    assert float(m.learner_contention) == 1.0 and float(m.updater_cv) == 0.0
+    assert dict(m.sources)["cores_per_node"].startswith("default")
+    rt = mc.get("cpu_runtime")
+    assert float(rt.cores_per_node) == 2.0
+    sources = dict(rt.sources)
+    for f in mc.CPU_RUNTIME_CALIBRATION:
+        assert mc.CPU_RUNTIME_CALIBRATION_COMMAND in sources[f], f
+        assert float(getattr(rt, f)) == pytest.approx(mc.CPU_RUNTIME_CALIBRATION[f], rel=1e-6), f
+    if mc.CPU_RUNTIME_FITTED:
+        assert os.path.exists(os.path.join(ROOT, mc.CPU_RUNTIME_CALIBRATION_FILE))

@@ -65,3 +65,34 @@ def test_compute_and_update_times_by_their_formulas():
     # Memory: 4 (3P + b * activations) bytes, and the largest sub-batch that fits.
     b = times.max_sub_batch(net, m)
     assert float(times.memory_bytes(net, b)) <= float(m.device_memory_bytes) < float(times.memory_bytes(net, b + 1))
+
+
+def test_runtime_times_by_their_formulas():
+    """Sharing: nothing changes up to cores_per_node learners, then max(1, N/C)^a; the updater's own part
+    stretches with its exponent, the emulated network time and the all-reduce add on."""
+    net = zoo.get("resnet8")
+    m = mc.with_figures(mc.get("cpu_runtime"), learner_contention=1.5, updater_contention=0.7,
+                        learner_overhead_s=1e-3, updater_overhead_s=2e-3, updater_cv=0.4)
+    p4 = 4.0 * float(net.total_params)
+    one = float(times.compute_time_s(net, m, 32.0, 1.0)) + 1e-3
+    for n in (1, 2):  # cores_per_node = 2
+        t = float(times.runtime_compute_time_s(net, m, 32.0, n))
+        assert t == pytest.approx(float(times.compute_time_s(net, m, 32.0, n)) + 1e-3, rel=1e-5)
+    t8 = float(times.runtime_compute_time_s(net, m, 32.0, 8))
+    assert t8 == pytest.approx((float(times.compute_time_s(net, m, 32.0, 8)) + 1e-3) * 4.0 ** 1.5, rel=1e-5)
+    assert float(times.runtime_compute_time_s(net, m, 32.0, 8, cores=8)) < t8
+    own = ((4 + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s) + 2e-3) * 4.0 ** 0.7
+    ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
+    tu = float(times.runtime_update_time_s(net, m, 2, 4, 0.03, sharing_learners=8))
+    assert tu == pytest.approx(own + 0.03 + ring, rel=1e-5)
+    # One host: no all-reduce; co-located hosts share the cores, separate ones do not.
+    r = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
+    assert float(r.t_update_s) == pytest.approx(tu, rel=1e-5)
+    assert float(r.t_update_cv) == pytest.approx(0.4 * own / tu, rel=1e-5)
+    assert float(r.t_compute_cv) == pytest.approx(float(m.learner_cv))
+    apart = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, co_located=False)
+    assert float(apart.t_compute_s) < float(r.t_compute_s)
+    assert one > 0
+    # Differentiable in the new figures (the search and sensitivities take gradients).
+    g = jax.grad(lambda a: times.runtime_compute_time_s(net, mc.with_figures(m, learner_contention=a), 32.0, 8))(1.5)
+    assert float(g) == pytest.approx(t8 * np.log(4.0), rel=1e-4)

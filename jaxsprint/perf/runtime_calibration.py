@@ -1,0 +1,286 @@
+r"""Calibration of the runtime figures of a machine: learners sharing cores, the updater's own cost, jitter.
+
+The measurements come in as data (``jaxsprint.timing`` and ``experiments/calibrate_runtime.py`` take them on
+the machine at hand): one learner's gradient step at a few sub-batches, a few runs of
+:mod:`jaxsprint.runtime` (their measured cycle means and cvs, :class:`RuntimeRun`) and all-reduces between
+processes. :func:`fit_all` fits, in three stages, the figures of the runtime model of
+:func:`jaxsprint.perf.times.runtime_times`:
+
+1. **Compute** (:func:`jaxsprint.perf.calibrate.fit` on the single-learner steps, no optimiser passes):
+   ``efficiency_fwd`` (the backward passes tied to it), ``half_efficiency_batch`` and ``step_overhead_s``.
+2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and
+   ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
+   collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
+   of its cycle.
+3. **Sharing and the updater** (:func:`fit_runtime`): ``learner_overhead_s``, ``learner_contention``,
+   ``updater_overhead_s``, ``updater_contention`` by least squares on the log-errors of both cycle means
+   of every run,
+
+   .. math::
+       \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
+                   + \big(\log \hat T_u(\theta) - \log T_u\big)^2,
+
+   in log parameters inside bounds (``log theta = lo + (hi - lo) sigmoid(u)``), by Levenberg-Marquardt
+   (Gauss-Newton with an adaptive damping ``lambda``: ``(J^T J + lambda diag(J^T J)) du = -J^T r``; Nocedal and
+   Wright, *Numerical Optimization*, 2nd ed., sec. 10.3). Then the jitter: ``learner_cv`` is the median
+   measured cv of ``T_c``; ``updater_cv`` the median of ``cv(T_u) T_u / own``, the cv of the updater's own
+   work when the network part of its cycle is steady (the form :func:`~jaxsprint.perf.times.runtime_times`
+   predicts with).
+
+Pure jnp and numpy, like the rest of :mod:`jaxsprint.perf`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsprint.errors import check
+from jaxsprint.perf import calibrate as calib
+from jaxsprint.perf import machines, times
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import NetworkCost
+
+__all__ = ["COMPUTE_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RuntimeFit", "RuntimeRun",
+           "fit_all", "fit_runtime", "predict_runs"]
+
+COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
+NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
+RUNTIME_FIELDS = ("learner_overhead_s", "learner_contention", "updater_overhead_s", "updater_contention")
+# Wide bounds of stage 3: overheads from 1 us to 1 s, exponents from 0.1 (sharing nearly free) to 4.
+RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_contention": (0.1, 4.0),
+                  "updater_overhead_s": (1e-6, 1.0), "updater_contention": (0.1, 4.0)}
+_COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
+                   "step_overhead_s": (1e-6, 1.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeRun:
+    """One measured run of the runtime (its statistics after the warm-up).
+
+    Attributes:
+      learners_per_host: Learner threads per host.
+      hosts: Processes (1: no all-reduce).
+      sub_batch: Samples per gradient.
+      network_time_s: Emulated network time of every updater cycle.
+      t_compute_s: Measured mean learner cycle.
+      t_update_s: Measured mean updater cycle.
+      t_compute_cv: Its coefficient of variation (0 if not measured).
+      t_update_cv: The same for the updater cycle.
+      label: Name for tables.
+    """
+
+    learners_per_host: int
+    hosts: int
+    sub_batch: int
+    network_time_s: float
+    t_compute_s: float
+    t_update_s: float
+    t_compute_cv: float = 0.0
+    t_update_cv: float = 0.0
+    label: str = ""
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
+        """From a JSON record with these keys (extra keys ignored)."""
+        return cls(int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]),
+                   float(r.get("network_time_s", 0.0)), float(r["t_compute_s"]), float(r["t_update_s"]),
+                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")))
+
+
+@dataclasses.dataclass
+class RuntimeFit:
+    """Outcome of :func:`fit_runtime` (or :func:`fit_all`).
+
+    Attributes:
+      machine: The machine with the fitted figures.
+      fitted: ``{field: value}`` of every figure fitted (all stages for :func:`fit_all`).
+      compute_errors: ``predicted / measured - 1`` of each run's ``T_c``.
+      update_errors: The same of ``T_u``.
+      loss: Mean squared log-error of stage 3.
+      stages: Per-stage summaries (JSON-friendly).
+    """
+
+    machine: Machine
+    fitted: dict[str, float]
+    compute_errors: np.ndarray
+    update_errors: np.ndarray
+    loss: float
+    stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly: the fitted figures and the error statistics of both cycles."""
+        return dict(fitted=self.fitted, loss=self.loss, compute=calib.error_stats(self.compute_errors),
+                    update=calib.error_stats(self.update_errors), stages=self.stages)
+
+
+def predict_runs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                 co_located: bool = True) -> times.RuntimeTimes:
+    """The model's :class:`~jaxsprint.perf.times.RuntimeTimes` of every run, stacked (one vmapped call)."""
+    cols = np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
+
+    def one(row):
+        return times.runtime_times(network, machine, learners_per_host=row[0], hosts=row[1], sub_batch=row[2],
+                                   network_time_s=row[3], co_located=co_located)
+
+    return jax.vmap(one)(jnp.asarray(cols))
+
+
+def _check_runs(runs: Sequence[RuntimeRun]) -> None:
+    check(len(runs) > 0, "runs", len(runs), "at least one measured runtime run")
+    for r in runs:
+        for name in ("t_compute_s", "t_update_s"):
+            v = getattr(r, name)
+            check(math.isfinite(v) and v > 0, name, v, f"a finite time > 0 (run {r.label or r})")
+        check(r.learners_per_host >= 1 and r.hosts >= 1 and r.sub_batch >= 1, "run", r,
+              "learners_per_host, hosts and sub_batch >= 1")
+
+
+def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                fields: Sequence[str] = RUNTIME_FIELDS, bounds: dict[str, tuple[float, float]] | None = None,
+                co_located: bool = True, iterations: int = 100, fit_cvs: bool = True) -> RuntimeFit:
+    """Stage 3 of :func:`fit_all`: the sharing and updater figures from measured runs (module docstring).
+
+    Args:
+      machine: Starting machine (its compute and network figures are kept).
+      network: Cost table of the runs' network.
+      runs: Measured runs.
+      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure).
+      bounds: ``{field: (lo, hi)}`` over :data:`RUNTIME_BOUNDS`.
+      co_located: The hosts of multi-host runs were processes of this machine.
+      iterations: Levenberg-Marquardt iterations.
+      fit_cvs: Also set ``learner_cv`` and ``updater_cv`` from the runs' measured cvs.
+
+    Returns:
+      :class:`RuntimeFit`.
+
+    Raises:
+      ConfigError: no runs, a non-positive or non-finite time, an unknown field, bounds not ``0 < lo < hi``,
+        more fields than timings (two per run).
+    """
+    runs, fields = list(runs), list(fields)
+    _check_runs(runs)
+    for f in fields:
+        check(f in machines.FIELDS, "field", f, f"a machine figure: one of {', '.join(machines.FIELDS)}")
+    check(len(fields) <= 2 * len(runs), "fields", fields, f"at most as many fields as timings ({2 * len(runs)})")
+    bounds = {**RUNTIME_BOUNDS, **(bounds or {})}
+    for f in fields:
+        if f not in bounds:
+            v = float(getattr(machine, f))
+            bounds[f] = (v / 1e3, v * 1e3) if v > 0 else (1e-7, 1e-1)
+        check(0 < bounds[f][0] < bounds[f][1], f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
+    lo = np.log([bounds[f][0] for f in fields])
+    hi = np.log([bounds[f][1] for f in fields])
+    meas_c = np.log([r.t_compute_s for r in runs])
+    meas_u = np.log([r.t_update_s for r in runs])
+
+    def machine_of(u):
+        log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
+        return machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
+
+    @jax.jit
+    def residuals(u):
+        t = predict_runs(machine_of(u), network, runs, co_located=co_located)
+        return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
+
+    jac = jax.jit(jax.jacfwd(residuals))
+    x0 = np.asarray([math.log(min(max(float(getattr(machine, f)), bounds[f][0]), bounds[f][1]))
+                     for f in fields])
+    frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
+    u = np.log(frac) - np.log1p(-frac)
+    r = np.asarray(residuals(u), np.float64)
+    cost, lam = float(r @ r), 1e-2
+    for _ in range(int(iterations)):
+        j = np.asarray(jac(u), np.float64)
+        jtj, g = j.T @ j, j.T @ r
+        step = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), g)
+        r_new = np.asarray(residuals(u + step), np.float64)
+        c_new = float(r_new @ r_new) if np.all(np.isfinite(r_new)) else math.inf
+        if c_new < cost:
+            u, r, lam = u + step, r_new, max(lam / 3.0, 1e-9)
+            if cost - c_new < 1e-12 * max(cost, 1e-30):
+                cost = c_new
+                break
+            cost = c_new
+        else:
+            lam *= 4.0
+            if lam > 1e9:
+                break
+    fitted_machine = machine_of(u)
+    fitted = {f: float(getattr(fitted_machine, f)) for f in fields}
+    if fit_cvs:
+        fitted_machine, cvs = _fit_cvs(fitted_machine, network, runs, co_located)
+        fitted.update(cvs)
+    n = len(runs)
+    return RuntimeFit(fitted_machine, fitted, np.expm1(r[:n]), np.expm1(r[n:]), cost / (2 * n))
+
+
+def _fit_cvs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], co_located: bool
+             ) -> tuple[Machine, dict[str, float]]:
+    """``learner_cv`` and ``updater_cv`` from the runs' measured cvs (module docstring)."""
+    out = {}
+    cv_c = [r.t_compute_cv for r in runs if r.t_compute_cv > 0]
+    if cv_c:
+        out["learner_cv"] = float(np.median(cv_c))
+    # With updater_cv = 1 the predicted cv of T_u is own / T_u: the measured cv over it is the own part's cv.
+    unit = predict_runs(machine.replace(updater_cv=jnp.float32(1.0)), network, runs, co_located=co_located)
+    share = np.asarray(unit.t_update_cv, np.float64)
+    ratios = [r.t_update_cv / s for r, s in zip(runs, share) if r.t_update_cv > 0 and s > 1e-6]
+    if ratios:
+        out["updater_cv"] = float(np.median(ratios))
+    return machine.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
+
+
+def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
+              allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
+              co_located: bool = True, seed: int = 0) -> RuntimeFit:
+    """All three stages (module docstring); a stage without measurements is skipped.
+
+    Args:
+      machine: Starting machine (e.g. the ``cpu_runtime`` preset).
+      network: Cost table of the runtime's network (the same table the steps were timed on).
+      steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
+      allreduces: All-reduces over the runtime's processes.
+      runs: Measured runtime runs.
+      co_located: The hosts of multi-host runs were processes of this machine.
+      seed: Seed of the random starts of stages 1 and 2.
+
+    Returns:
+      :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
+      summaries).
+
+    Raises:
+      ConfigError: no runs, or an invalid timing (as :func:`jaxsprint.perf.calibrate.fit`).
+    """
+    _check_runs(list(runs))
+    fitted: dict[str, float] = {}
+    stages: dict[str, Any] = {}
+    m = machine
+    steps = list(steps)
+    if steps:
+        fields = [f for f in COMPUTE_FIELDS][:len(steps)]
+        r = calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
+                          tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
+                          seed=seed)
+        m = r.machine
+        fitted.update(r.fitted)
+        stages["compute"] = dict(r.summary(), errors=[float(e) for e in r.step_errors])
+    allreduces = list(allreduces)
+    if allreduces:
+        fields = list(NETWORK_FIELDS)[:len(allreduces)]
+        r = calib.fit(m.replace(updater_overhead_s=jnp.float32(0.0)), allreduces=allreduces, fields=fields,
+                          seed=seed)
+        m = m.replace(**{f: jnp.float32(r.fitted[f]) for f in fields})
+        fitted.update({f: r.fitted[f] for f in fields})
+        stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
+    fields = list(RUNTIME_FIELDS)[:2 * len(runs)]
+    res = fit_runtime(m, network, runs, fields=fields, co_located=co_located)
+    fitted.update(res.fitted)
+    stages["runtime"] = dict(fitted=res.fitted, loss=res.loss,
+                             compute=calib.error_stats(res.compute_errors),
+                             update=calib.error_stats(res.update_errors))
+    return RuntimeFit(res.machine, fitted, res.compute_errors, res.update_errors, res.loss, stages)
