@@ -7,6 +7,10 @@ stack, while timing a step needs the project's models and train step (:mod:`jaxs
 
 * :func:`measure_train_steps`: process CPU seconds of the project's jitted train step (momentum SGD) for
   ``(model, batch)`` pairs, interleaved rounds, best round's median.
+* :func:`runtime_network`: the cost table of a SPRINT config's network (what the ``cpu_runtime`` preset is
+  calibrated on and predicts with).
+* :func:`measure_gradient_steps`: wall seconds of one runtime learner's gradient (the runtime's own jitted
+  gradient function, result copied to the host) at several sub-batches.
 * :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
   :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
 """
@@ -28,7 +32,7 @@ import numpy as np
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.perf.calibrate import AllreduceTiming
 
-__all__ = ["measure_allreduce", "measure_train_steps"]
+__all__ = ["measure_allreduce", "measure_gradient_steps", "measure_train_steps", "runtime_network"]
 
 
 def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4, min_time_s: float = 0.2,
@@ -91,6 +95,97 @@ def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4, 
             log(f"compiled {name} batch {batch}")
     best = [math.inf] * len(configs)
     samples: list[list[float]] = [[] for _ in configs]
+    for r in range(rounds):
+        for i, once in enumerate(runners):
+            times, start = [], time.perf_counter()
+            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
+                times.append(once())
+            samples[i] += times
+            best[i] = min(best[i], float(np.median(times)))
+        if log:
+            log(f"round {r + 1}/{rounds} done")
+    return list(zip(best, samples))
+
+
+def runtime_network(config):
+    """The :class:`~jaxsprint.perf.networks.NetworkCost` of a SPRINT config's network.
+
+    The two-row XLA table (:func:`jaxsprint.perf.networks.from_flax`) of ``config.model`` at
+    ``config.image_size`` with the dataset's channels and classes, BatchNorm in training mode: the table the
+    ``cpu_runtime`` preset's compute figures are fitted on, so that calibration and prediction share it.
+    """
+    from jaxsprint import data, models
+    from jaxsprint.perf import networks
+
+    dataset = data.load_dataset(config)
+    model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype)
+    shape = (int(config.image_size), int(config.image_size), int(dataset.channels))
+    return networks.from_flax(model, shape, name=config.model, apply_kwargs={"train": True})
+
+
+def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.2,
+                           min_reps: int = 3, log: Callable[[str], object] | None = None
+                           ) -> list[tuple[float, list[float]]]:
+    """Wall seconds of one runtime learner's gradient at each sub-batch, alone on one device.
+
+    The runtime's own gradient function (:func:`jaxsprint.runtime.learner.make_gradient_fn`: augmentation,
+    forward and backward of ``config.model``, BatchNorm over the sub-batch), jitted with the CPU switch of
+    ``config.cpu_kernels``, its result copied to the host as a learner does. Rounds are interleaved over the
+    sub-batches and each keeps its best round's median (see :func:`measure_train_steps`). Wall time, not CPU
+    time: a learner's cycle is wall time, and one learner alone may use several cores.
+
+    Args:
+      config: A SPRINT config (``experiments/configs/sprint.py``): model, data, image size, CPU kernels.
+      sub_batches: Sub-batch sizes.
+      rounds, min_time_s, min_reps: As :func:`measure_train_steps`.
+      log: Optional ``print``-like callable for progress lines.
+
+    Returns:
+      ``[(seconds, all samples)]`` in the order of ``sub_batches``.
+
+    Raises:
+      ConfigError: ``rounds`` or ``min_reps`` below 1, a sub-batch below 1 or above the training set.
+    """
+    check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    from jax.flatten_util import ravel_pytree
+
+    from jaxsprint import cpu, data, models
+    from jaxsprint.runtime import learner
+
+    dataset = data.load_dataset(config)
+    for b in sub_batches:
+        check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
+              f"integers in 1..{dataset.num_train} (the training set)")
+    accel = cpu.acceleration(config.cpu_kernels)
+    model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype, bn_momentum=0.0,
+                                bn_epsilon=config.bn.epsilon, zero_init_last_bn=config.zero_init_last_bn,
+                                **accel.model_kwargs())
+    shape = (1, config.image_size, config.image_size, dataset.channels)
+    variables = model.init(jax.random.key(0), jnp.zeros(shape, jnp.float32), train=False)
+    params_flat, unravel = ravel_pytree(variables["params"])
+    train_pre, _ = data.make_preprocess_fns(config, dataset)
+    fn = jax.jit(learner.make_gradient_fn(model=model, num_classes=dataset.num_classes,
+                                          label_smoothing=config.label_smoothing, unravel_params=unravel,
+                                          batch_stats=jax.device_get(variables.get("batch_stats", {})),
+                                          preprocess=train_pre, seed=0), compiler_options=accel.compiler_options)
+    runners = []
+    for b in sub_batches:
+        batch = dataset.train.get_batch(np.arange(b))
+        images = np.asarray(batch["image"], np.uint8)
+        labels = np.asarray(batch["label"], np.int32)
+
+        def once(images=images, labels=labels) -> float:
+            t = time.perf_counter()
+            np.asarray(fn(params_flat, images, labels, np.zeros(2, np.int32)))
+            return time.perf_counter() - t
+
+        once(), once()  # compile, warm up
+        runners.append(once)
+        if log:
+            log(f"compiled the gradient at sub-batch {b}")
+    best = [math.inf] * len(runners)
+    samples: list[list[float]] = [[] for _ in runners]
     for r in range(rounds):
         for i, once in enumerate(runners):
             times, start = [], time.perf_counter()

@@ -2,6 +2,8 @@
 for structure and positivity only (never for speed), and the errors that name the setting."""
 import math
 
+import pytest
+
 from jaxsprint import timing
 from jaxsprint.perf import calibrate
 from perf_util import raises_invalid
@@ -37,3 +39,23 @@ def test_bad_settings_name_the_field():
         timing.measure_train_steps([("resnet8", 2)], cpu_kernels="fast")
     with raises_invalid("rounds", 0, "an integer >= 1"):
         timing.measure_train_steps([("resnet8", 2)], rounds=0)
+
+
+def _sprint_config():
+    from experiments.configs import sprint
+
+    c = sprint.get_config()
+    c.cpu_kernels = "off"
+    return c
+
+
+@pytest.mark.slow  # two compiles of the gradient and four of the cost analysis: about a minute when loaded
+def test_gradient_steps_of_the_runtime_learner_and_its_network():
+    out = timing.measure_gradient_steps(_sprint_config(), [2, 4], rounds=1, min_time_s=0.0, min_reps=2)
+    assert len(out) == 2
+    for seconds, samples in out:
+        assert len(samples) >= 2 and all(s > 0 for s in samples) and min(samples) <= seconds <= max(samples)
+    net = timing.runtime_network(_sprint_config())
+    assert int(net.total_params) > 0 and float(net.fwd_flops.sum()) > 0
+    with raises_invalid("sub_batches", 0, "integers in 1.."):
+        timing.measure_gradient_steps(_sprint_config(), [0])
