@@ -1,0 +1,151 @@
+"""Tests of jaxsprint.runtime.events: checks, statistics on a hand-made log, a simulated log against the model."""
+import math
+
+import numpy as np
+import pytest
+
+from jaxsprint.errors import DataError
+from jaxsprint.perf import sprint
+from jaxsprint.runtime import events
+
+
+def hand_log():
+    """2 learners, 1 host, sub-batch 4, warm-up 1 s, stop at 10 s (hand-computed in the tests below).
+
+    Updates (swap, publish): v1 (0, 0.5), v2 (0.5, 2), v3 (2, 4), v4 (4, 7), v5 (7, 9).
+    Learner 0: [0, 1.5] read 0 -> v3; [1.5, 3.5] read 1 -> v4; [3.5, 6.5] read 2 -> v5; [6.5, 9.5] read 3,
+    in flight. Learner 1: [0, 0.8] read 0 -> v3; [1.2, 1.8] read 1 -> v3; [1.8, 5] read 1 -> v5;
+    [5, 8] read 3, in flight (in the buffer, never swapped).
+    """
+    g = [  # learner, read, applied, start, end
+        (0, 0, 3, 0.0, 1.5), (1, 0, 3, 0.0, 0.8), (1, 1, 3, 1.2, 1.8), (0, 1, 4, 1.5, 3.5),
+        (0, 2, 5, 3.5, 6.5), (1, 1, 5, 1.8, 5.0), (0, 3, -1, 6.5, 9.5), (1, 3, -1, 5.0, 8.0)]
+    learner, read, applied, t0, t1 = map(np.asarray, zip(*g))
+    return dict(
+        grad_learner=learner.astype(np.int32), grad_host=np.zeros(8, np.int32),
+        grad_read_version=read.astype(np.int64), grad_applied_version=applied.astype(np.int64),
+        grad_t_start=t0.astype(np.float64), grad_t_end=t1.astype(np.float64),
+        update_version=np.arange(1, 6), update_count=np.asarray([0, 0, 3, 1, 2]),
+        update_t_start=np.asarray([0.0, 0.5, 2.0, 4.0, 7.0]), update_t_end=np.asarray([0.5, 2.0, 4.0, 7.0, 9.0]),
+        warmup_until_s=np.float64(1.0), t_stop_s=np.float64(10.0), learners_per_host=np.int64(2),
+        num_hosts=np.int64(1), sub_batch=np.int64(4), dataset_size=np.int64(100), network_time_s=np.float64(0.0),
+        lockstep=np.int64(0))
+
+
+def test_statistics_of_a_hand_made_log():
+    s = events.statistics(hand_log())
+    # After the warm-up: updates v3, v4, v5 (counts 3, 1, 2; swaps 2, 4, 7 s); gradients started at 1.2, 1.5,
+    # 1.8, 3.5 s (cycles 0.6, 2.0, 3.2, 3.0 s; staleness 1, 2, 3, 2).
+    assert (s["updates"], s["gradients"], s["in_flight"]) == (3, 4, 2)
+    assert (s["updates_total"], s["gradients_total"]) == (5, 8)
+    assert s["mean_count"] == pytest.approx(2.0)
+    assert s["count_pmf"] == pytest.approx({1: 1 / 3, 2: 1 / 3, 3: 1 / 3})
+    assert s["minibatch_pmf"] == pytest.approx({4: 1 / 3, 8: 1 / 3, 12: 1 / 3})
+    assert s["mean_minibatch"] == pytest.approx(8.0)
+    assert s["std_minibatch"] == pytest.approx(4 * math.sqrt(2 / 3))
+    assert s["t_update_s"] == pytest.approx(2.5) and s["t_update_cv"] == pytest.approx(0.2)
+    assert s["t_compute_s"] == pytest.approx(2.2)
+    assert s["t_compute_cv"] == pytest.approx(math.sqrt(1.06) / 2.2)
+    assert s["mean_staleness"] == pytest.approx(2.0)
+    assert s["staleness_pmf"] == pytest.approx({1: 0.25, 2: 0.5, 3: 0.25})
+    # Completions in [1, 10] s: every gradient but the one that ended at 0.8 s: 7 x 4 images in 9 s.
+    assert s["images_per_s"] == pytest.approx(28 / 9)
+    assert s["epoch_time_s"] == pytest.approx(100 * 9 / 28)
+    assert (s["learners"], s["sub_batch"], s["dataset_size"]) == (2, 4, 100)
+
+
+def test_no_warm_up_counts_everything():
+    ev = hand_log()
+    ev["warmup_until_s"] = np.float64(0.0)
+    s = events.statistics(ev)
+    assert (s["updates"], s["gradients"]) == (5, 6)
+    assert s["count_pmf"] == pytest.approx({0: 0.4, 1: 0.2, 2: 0.2, 3: 0.2})
+
+
+def test_save_load_round_trip(tmp_path):
+    path = str(tmp_path / "events.npz")
+    events.save(path, hand_log())
+    back = events.load(path)
+    for k, v in events.check(hand_log()).items():
+        np.testing.assert_array_equal(back[k], v)
+        assert back[k].dtype == v.dtype
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.npz"]  # no temporary file left
+
+
+def test_load_refuses_a_missing_file(tmp_path):
+    with pytest.raises(DataError, match="invalid events="):
+        events.load(str(tmp_path / "nothing.npz"))
+
+
+def _broken(**changes):
+    ev = hand_log()
+    for k, v in changes.items():
+        if v is None:
+            del ev[k]
+        else:
+            ev[k] = v
+    return ev
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(grad_t_end=None), "events.grad_t_end"),
+    (dict(update_count=np.asarray([0, 0, 3, 1])), "events.update_version"),
+    # a gradient applied twice: the counts no longer add up
+    (dict(update_count=np.asarray([0, 0, 3, 2, 2])), "events.update_count"),
+    (dict(update_version=np.asarray([1, 2, 3, 5, 6])), "events.update_version"),
+    (dict(grad_applied_version=np.asarray([3, 3, 3, 4, 5, 5, -1, 9])), "events.grad_applied_version"),
+    (dict(grad_read_version=np.asarray([0, 0, 1, 4, 2, 1, 3, 3])), "events.grad_applied_version"),  # S < 0
+    (dict(update_t_start=np.asarray([0.0, 0.4, 2.0, 4.0, 7.0])), "events.update_t_start"),
+    (dict(grad_t_end=np.asarray([1.5, 0.8, 1.8, 3.5, 6.5, 5.0, 9.5, 4.0])), "events.grad_t_end"),
+    (dict(grad_t_start=np.asarray([0.0, 0.0, 1.2, 1.4, 3.5, 1.8, 6.5, 5.0])), "events.grad_t_start"),
+    (dict(grad_learner=np.asarray([0, 1, 1, 0, 0, 1, 0, 2])), "events.grad_learner"),
+    (dict(grad_host=np.ones(8, np.int32)), "events.grad_host"),
+    (dict(grad_t_start=np.full(8, np.nan)), "events.grad_t_start"),
+    (dict(sub_batch=np.int64(0)), "events.sub_batch"),
+])
+def test_check_names_the_inconsistent_field(changes, field):
+    with pytest.raises(DataError, match=f"invalid {field}="):
+        events.check(_broken(**changes))
+
+
+def test_a_partial_multi_host_log_is_checked_with_at_most():
+    # Host 0's gradients only of a 2-host run: the global counts may exceed what this log applies.
+    ev = _broken(num_hosts=np.int64(2), update_count=np.asarray([0, 2, 5, 1, 2]))
+    events.check(ev)
+    with pytest.raises(DataError, match="invalid events.update_count="):
+        events.check(_broken(num_hosts=np.int64(2), update_count=np.asarray([0, 0, 2, 1, 2])))
+
+
+def test_simulated_log_is_consistent_and_accounts_for_every_gradient():
+    ev = events.simulate_log(3, 0.1, 0.07, 0.3, 0.2, duration_s=20.0, warmup_s=1.0, sub_batch=8, seed=1)
+    s = events.statistics(ev)
+    applied = ev["grad_applied_version"] >= 1
+    assert np.sum(ev["update_count"]) == np.count_nonzero(applied)
+    assert s["gradients_total"] == np.count_nonzero(applied) + s["in_flight"]
+    assert s["in_flight"] > 0
+    # A gradient never applied ended after the last published update's swap (else that swap took it).
+    assert np.all(ev["grad_t_end"][~applied] > ev["update_t_start"][-1])
+
+
+def _tv(measured: dict, offset, pmf) -> float:
+    pmf = np.asarray(pmf, np.float64)
+    model = {int(offset) + i: p for i, p in enumerate(pmf) if p > 0}
+    return 0.5 * sum(abs(measured.get(k, 0.0) - model.get(k, 0.0)) for k in set(measured) | set(model))
+
+
+@pytest.mark.parametrize("n,tu,cv", [(4, 0.37, 0.3), (8, 2.5, 0.1), (2, 0.2, 0.15), (1, 0.15, 0.5)])
+def test_statistics_of_a_long_simulated_run_match_the_model(n, tu, cv):
+    # With jitter: one run of learners without jitter keeps its start phases (the model assumes uniform ones).
+    tc = 1.0
+    # At least 20,000 updates and 20,000 gradients (the empirical pmfs' TV noise is about 0.01 then).
+    ev = events.simulate_log(n, tc, tu, cv, duration_s=20_000 * max(tu, tc / n), warmup_s=5.0, sub_batch=4,
+                             seed=2)
+    s = events.statistics(ev)
+    assert s["t_compute_s"] == pytest.approx(tc, rel=0.02)
+    assert s["t_update_s"] == pytest.approx(tu, rel=1e-6)
+    d = sprint.distributions(n, tc, tu, cv)  # the default windows hold these pmfs (one compilation for all)
+    assert s["mean_count"] == pytest.approx(float(d.mean_count), rel=0.02)
+    assert s["mean_staleness"] == pytest.approx(float(d.mean_staleness), rel=0.02)
+    assert s["images_per_s"] == pytest.approx(4 * n / tc, rel=0.02)
+    assert _tv(s["count_pmf"], d.count_offset, d.count_pmf) < 0.02
+    assert _tv(s["staleness_pmf"], d.staleness_offset, d.staleness_pmf) < 0.02
