@@ -25,6 +25,15 @@ _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi
 _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
 
 
+def check_flags() -> None:
+    """The launcher's own flags (the config is `jaxsprint.settings`'): before anything starts or is written."""
+    for flag in (_NPROC, _PID):
+        if flag.value is not None and flag.value < (1 if flag is _NPROC else 0):
+            raise ConfigError(f"--{flag.name}", flag.value, "an integer >= 1" if flag is _NPROC else
+                              "an integer >= 0 (and below --num_processes)")
+    cli.check_output_dir("--workdir", _WORKDIR.value)
+
+
 def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
@@ -32,15 +41,20 @@ def main(argv):
         raise ConfigError("--config", None, "a config file is required (e.g. experiments/configs/default.py)")
     if not _WORKDIR.value:
         raise ConfigError("--workdir", _WORKDIR.value, "a directory is required")
-    from jaxsprint import cpu, metrics, parallel, train
+    check_flags()
+    from jaxsprint import cpu, metrics, parallel, settings, train
 
-    allocator = cpu.configure_host_memory(_CONFIG.value.cpu_kernels)  # before JAX starts its threads
+    config = _CONFIG.value
+    cpu.validate_config(config)
+    allocator = cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
     if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO
         logging.set_verbosity(logging.WARNING)
     parallel.maybe_initialize_distributed(coordinator_address=_COORD.value, num_processes=_NPROC.value,
                                           process_id=_PID.value)
+    # Every setting, and the estimated memory, before the data is read or the workdir is touched.
+    settings.validate_run(config, parallel.make_mesh(config.num_devices).size)
     logging.info(allocator)
-    summary = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    summary = train.train_and_evaluate(config, _WORKDIR.value)
     print(metrics.format_summary(summary))
     logging.info("summary written to %s", os.path.join(_WORKDIR.value, "summary.json"))
 

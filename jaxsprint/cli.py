@@ -1,32 +1,175 @@
-"""Shared launcher plumbing: a bad flag or a `JaxsprintError` ends in exit status 2 and one line, no traceback."""
+"""Shared launcher plumbing: a bad flag or a `JaxsprintError` ends in exit status 2 and one line, no traceback.
+
+Every message has the form of `jaxsprint.errors`: ``error: invalid <field>=<value>: <what is allowed>``. Flag
+errors from absl and config-file errors from ml_collections (a file that does not exist or does not load, an
+override of a field the file does not have) are put into that form here, before a launcher's ``main`` runs.
+The output checks (`check_output_dir`, `check_output_file`) let a launcher refuse an unusable output path
+before it computes or writes anything.
+"""
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import app, flags
 
-from jaxsprint.errors import JaxsprintError
+from jaxsprint.errors import ConfigError, JaxsprintError
+
+__all__ = ["check_output_dir", "check_output_file", "fail", "guarded", "parse_flags", "run"]
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The last value given to ``--name`` in `argv` (``--name=v`` or ``--name v``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}=") or arg.startswith(f"-{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _load_config_file(flag_name: str, path: str, parser):
+    """The config of ``--flag_name=path`` (ml_collections' own parser), or ConfigError saying why not."""
+    from ml_collections.config_flags import config_flags as cf
+
+    allowed = "the path of an ml_collections config file with a get_config() function"
+    try:
+        config = parser.parse(path)
+    except Exception as e:  # noqa: BLE001 (a syntax error or a bug in the file: the user's file)
+        cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--{flag_name}", path, f"{allowed} (loading it failed: {cause[:200]})") from None
+    if isinstance(config, cf._ErrorConfig):  # what ml_collections returns for a file it cannot open
+        raise ConfigError(f"--{flag_name}", path, f"{allowed} (no such file, or not readable)")
+    return config
+
+
+def _has_field(config, dotted: str) -> bool:
+    node = config
+    for part in dotted.split("."):
+        try:
+            if part not in node:
+                return False
+            node = node[part]
+        except TypeError:  # a leaf value reached before the path ends
+            return False
+    return True
+
+
+def _check_config_flags(argv: Sequence[str]) -> None:
+    """Loads every ml_collections config file named in `argv` and checks that each override names a field.
+
+    ml_collections would report a missing file only when the config is first used (as an ``OSError``), and an
+    override of a field that does not exist as an ``AttributeError`` from inside the flag parser.
+    """
+    from ml_collections.config_flags import config_flags as cf
+
+    for name, flag in list(flags.FLAGS._flags().items()):  # noqa: SLF001 (absl has no public iterator of Flags)
+        if name != flag.name or not cf.is_config_flag(flag):
+            continue
+        path = _flag_value(argv, name)
+        if path is None:
+            continue
+        config = _load_config_file(name, path, flag.parser)
+        pattern = re.compile(rf"^--?(?:no)?{re.escape(name)}\.([^=]+)(?:=(.*))?$")
+        for arg in argv:
+            m = pattern.match(arg)
+            if m and not _has_field(config, m.group(1)):
+                raise ConfigError(f"{name}.{m.group(1)}", m.group(2),
+                                  f"not a field of the config file {path} (an override must name one of its "
+                                  "fields; new fields go into the file)")
+
+
+_ILLEGAL = re.compile(r"^flag --(?P<name>[^=]+)=(?P<value>.*?): (?P<why>.*)$", re.S)
+_UNKNOWN = re.compile(r"^Unknown command line flag '(?P<name>[^']+)'(?P<rest>.*)$", re.S)
+
+
+def _flag_error_message(error: flags.Error, argv: Sequence[str]) -> str:
+    """absl's message in the ``invalid <field>=<value>: <allowed>`` form where it can be parsed."""
+    text = str(error).strip()
+    m = _ILLEGAL.match(text)
+    if m:
+        why = " ".join(m.group("why").split())
+        return str(ConfigError(f"--{m.group('name')}", m.group("value"), why))
+    m = _UNKNOWN.match(text)
+    if m:
+        hint = m.group("rest").strip(" .")
+        return str(ConfigError(f"--{m.group('name')}", _flag_value(argv, m.group("name")),
+                               "not a flag of this launcher (--helpfull lists them)" + (f"; {hint}" if hint else "")))
+    return " ".join(text.split())
 
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parser for ``app.run(main, flags_parser=parse_flags)``.
 
-    A malformed or unknown flag prints ``error: ...`` to stderr and exits with status 2, without a traceback
-    (absl's default is status 1).
+    A malformed or unknown flag, a config file that cannot be loaded or an override of a field that the config
+    file does not have prints one line ``error: invalid ...`` to stderr and exits with status 2, without a
+    traceback (absl's default is status 1 with a usage text, ml_collections' a traceback).
     """
     try:
+        _check_config_flags(argv)
         return flags.FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_flag_error_message(e, argv)}", file=sys.stderr)
         sys.exit(2)
+    except JaxsprintError as e:
+        fail(e)
 
 
 def fail(error: BaseException) -> None:
     """Prints ``error: <message>`` to stderr and exits with status 2."""
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
+
+
+def _first_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_output_dir(field: str, path: str) -> None:
+    """Checks, without creating anything, that `path` is a writable directory or can be created as one.
+
+    Raises:
+      ConfigError: named `field`: an empty path, a path that is a file, or one below a file or below a
+        directory that this process may not write to.
+    """
+    allowed = "a directory that exists or can be created"
+    if not path:
+        raise ConfigError(field, path, allowed)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(field, path, f"{allowed} (it is a file)")
+    base = _first_existing(path)
+    if not os.path.isdir(base):
+        raise ConfigError(field, path, f"{allowed} ({base} is a file)")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(field, path, f"{allowed} ({base} is not writable)")
+
+
+def check_output_file(field: str, path: str) -> None:
+    """Checks, without creating anything, that a file can be written at `path` (its directory exists or can
+    be created, and `path` is not a directory).
+
+    Raises:
+      ConfigError: named `field`, as :func:`check_output_dir` for the directory, or `path` is a directory.
+    """
+    if not path or os.path.isdir(path):
+        raise ConfigError(field, path, "the path of a file to write (not a directory)")
+    try:
+        check_output_dir(field, os.path.dirname(os.path.abspath(path)))
+    except ConfigError as e:
+        why = e.allowed.partition(" (")[2].rstrip(")") or "its directory cannot be created"
+        raise ConfigError(field, path, f"a file whose directory exists or can be created ({why})") from None
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(field, path, "a file that can be written (it is read-only)")
 
 
 def guarded(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:

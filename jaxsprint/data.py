@@ -325,6 +325,18 @@ def validate_config(config) -> None:
         mnist5k_path()
 
 
+# (num_classes, channels) of datasets known without opening them; other TFDS datasets are assumed to be the
+# largest common case (ImageNet's), which only the memory estimate uses.
+_KNOWN_SHAPES = {DIGITS: (10, 1), MNIST5K: (10, 1), "mnist": (10, 1), "fashion_mnist": (10, 1),
+                 "cifar10": (10, 3), "cifar100": (100, 3), "imagenet2012": (1000, 3)}
+
+
+def expected_shape(name: str) -> tuple[int, int]:
+    """``(num_classes, channels)`` of dataset `name` without reading it (an upper guess for unknown TFDS names:
+    1,000 classes, 3 channels); for the memory estimate made before any data is read."""
+    return _KNOWN_SHAPES.get(name, (1000, 3))
+
+
 def load_dataset(config) -> Dataset:
     """Dataset named by ``config.dataset`` (see module docstring), after `validate_config`."""
     validate_config(config)

@@ -325,6 +325,12 @@ def validate_config_fields(name: str, dtype: str) -> None:
         raise ConfigError("config.dtype", dtype, f"allowed: {', '.join(DTYPES)}")
 
 
+def has_batchnorm(name: str) -> bool:
+    """Whether model `name` of `MODELS` has BatchNorm layers (and so statistics that polishing recomputes)."""
+    validate_config_fields(name, "float32")
+    return bool(MODELS[name][1].get("use_bn", True))
+
+
 def validate_config(config) -> None:
     """Checks the model part of a training config: ``config.model``, ``config.dtype``, ``config.bn.momentum``
     and ``config.bn.epsilon`` (BatchNorm's reduction is checked by :mod:`jaxsprint.parallel`)."""
@@ -334,3 +340,5 @@ def validate_config(config) -> None:
         raise ConfigError("config.bn.momentum", m, "allowed: a number with 0 <= momentum < 1")
     if not (isinstance(eps, (int, float)) and 0.0 < eps < float("inf")):
         raise ConfigError("config.bn.epsilon", eps, "allowed: a finite number > 0")
+    if not isinstance(config.zero_init_last_bn, bool):
+        raise ConfigError("config.zero_init_last_bn", config.zero_init_last_bn, "True or False")
