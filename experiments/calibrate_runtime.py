@@ -1,0 +1,172 @@
+r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` preset's calibration.
+
+  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json      # about 10 min, quiet machine
+  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only   # refit stored data
+
+The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machine at hand):
+  1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``;
+  2. runtime runs (``runtime.run``, one host) for every learner count of ``--learners`` and emulated network
+     time of ``--network_times`` at ``--run_sub_batch``, each ``--duration_s`` long; their measured cycle
+     means and cvs after the warm-up (``runtime.events.statistics``);
+  3. all-reduces over 2 local processes (gloo) of the network's ``4P`` bytes and a sixteenth of it.
+Then ``jaxsprint.perf.runtime_calibration.fit_all`` fits the compute, network, sharing and updater figures
+(and both cvs), starting from the ``cpu_runtime`` preset. ``--out`` gets the measurements, the fit and the
+preset (a ``--machine_file`` for the launchers); the script prints the ``CPU_RUNTIME_CALIBRATION`` block for
+``jaxsprint/perf/machines.py``.
+"""
+import os
+import sys
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs", "sprint.py"),
+                                          "SPRINT config (network, data, optimizer).")
+_OUT = flags.DEFINE_string("out", "docs/runtime-calibration.json", "Measurements, fit and preset (JSON).")
+_FIT_ONLY = flags.DEFINE_bool("fit_only", False, "Refit the measurements stored in --out; measure nothing.")
+_SUB_BATCHES = flags.DEFINE_list("sub_batches", ["8", "16", "32", "64", "128"], "Single-learner sub-batches.")
+_LEARNERS = flags.DEFINE_list("learners", ["1", "2", "4", "8"], "Learner counts of the runtime runs.")
+_NETWORK_TIMES = flags.DEFINE_list("network_times", ["0", "0.02"], "Emulated network times of the runs (s).")
+_RUN_SUB_BATCH = flags.DEFINE_integer("run_sub_batch", 32, "Sub-batch of the runtime runs.")
+_DURATION = flags.DEFINE_float("duration_s", 8.0, "Length of each runtime run (s).")
+_WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Start-up transient left out of each run (s).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of the single-learner timing.")
+_ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
+
+FORMAT = "jaxsprint-runtime-calibration-1"
+
+
+def _numbers(name, values, kind, lo):
+    from jaxsprint.errors import check
+
+    out = []
+    for v in values:
+        try:
+            x = kind(v)
+        except ValueError:
+            x = None
+        check(x is not None and x >= lo, f"--{name}", v, f"a comma-separated list of {kind.__name__}s >= {lo}")
+        out.append(x)
+    check(bool(out), f"--{name}", values, "a non-empty list")
+    return out
+
+
+def measure(config, sub_batches, learners, network_times, log=print):
+    """The calibration set as JSON-able records (module docstring)."""
+    import copy
+    import shutil
+    import tempfile
+
+    from jaxsprint import runtime, timing
+    from jaxsprint.perf.networks import BYTES_PER_VALUE
+    from jaxsprint.runtime import events
+
+    steps = timing.measure_gradient_steps(config, sub_batches, rounds=_ROUNDS.value, log=log)
+    gradient_steps = [dict(sub_batch=b, measured_s=t, samples=s) for b, (t, s) in zip(sub_batches, steps)]
+    runs = []
+    for n in learners:
+        for nt in network_times:
+            c = copy.deepcopy(config)
+            with c.unlocked():
+                c.sprint.learners_per_host, c.sprint.sub_batch = int(n), int(_RUN_SUB_BATCH.value)
+                c.sprint.network_time_s, c.sprint.duration_s = float(nt), float(_DURATION.value)
+                c.sprint.num_updates, c.sprint.num_epochs = 0, 0.0
+                c.sprint.warmup_s, c.sprint.checkpoint, c.sprint.eval_every_updates = float(_WARMUP.value), False, 0
+            workdir = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
+            try:
+                st = events.statistics(runtime.run(c, workdir).events)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            rec = dict(learners_per_host=int(n), hosts=1, sub_batch=int(_RUN_SUB_BATCH.value), network_time_s=float(nt),
+                       **{k: st[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
+                                             "images_per_s", "gradients", "updates", "mean_staleness")})
+            runs.append(rec)
+            log(f"run: {n} learners, network {nt} s: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv "
+                f"{rec['t_compute_cv']:.2f}), T_u {1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), "
+                f"{rec['gradients']} gradients")
+    allreduces = []
+    if _ALLREDUCE.value:
+        p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
+        for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
+            allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
+    return dict(gradient_steps=gradient_steps, runs=runs, allreduces=allreduces)
+
+
+def fit(config, measurements):
+    """The :class:`~jaxsprint.perf.runtime_calibration.RuntimeFit` of stored measurements, from cpu_runtime."""
+    from jaxsprint import timing
+    from jaxsprint.perf import calibrate, machines, runtime_calibration
+
+    net = timing.runtime_network(config)
+    steps = [calibrate.StepTiming(net, int(s["sub_batch"]), float(s["measured_s"]), 0.0, f"gradient b{s['sub_batch']}")
+             for s in measurements["gradient_steps"]]
+    ars = [calibrate.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
+           for a in measurements["allreduces"]]
+    runs = [runtime_calibration.RuntimeRun.from_record(r) for r in measurements["runs"]]
+    result = runtime_calibration.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs)
+    return result
+
+
+def preset_block(fitted):
+    """The ``CPU_RUNTIME_CALIBRATION`` block for jaxsprint/perf/machines.py (4 significant digits)."""
+    from jaxsprint.perf import machines
+
+    keys = [k for k in machines.CPU_RUNTIME_CALIBRATION if k in fitted]
+    body = ", ".join(f"{k}={float(f'{fitted[k]:.4g}')!r}" for k in keys)
+    return f"CPU_RUNTIME_FITTED = True\nCPU_RUNTIME_CALIBRATION = dict({body})"
+
+
+def main(argv):
+    del argv
+    from experiments import studies
+    from jaxsprint.errors import check
+    from jaxsprint.perf import calibrate
+
+    config = _CONFIG.value
+    out = _OUT.value
+    if _FIT_ONLY.value:
+        data = studies.load_json(out, dict)
+        check(data.get("format") == FORMAT and "measurements" in data, "--out", out,
+              f"a file written by this script (format {FORMAT!r}) to refit with --fit_only")
+        meas = data["measurements"]
+    else:
+        sub_batches = _numbers("sub_batches", _SUB_BATCHES.value, int, 1)
+        learners = _numbers("learners", _LEARNERS.value, int, 1)
+        network_times = _numbers("network_times", _NETWORK_TIMES.value, float, 0.0)
+        check(_DURATION.value > _WARMUP.value >= 0, "--duration_s", _DURATION.value,
+              f"longer than --warmup_s={_WARMUP.value} (which is >= 0)")
+        from jaxsprint import runtime
+
+        import copy
+
+        probe = copy.deepcopy(config)
+        with probe.unlocked():
+            probe.sprint.learners_per_host = max(learners)
+        import jax
+
+        runtime.validate_config(probe, len(jax.local_devices()))
+        meas = measure(config, sub_batches, learners, network_times)
+        studies.save_json(out, dict(format=FORMAT, measurements=meas))  # the data first, whatever the fit does
+    result = fit(config, meas)
+    machine = result.machine
+    figures = {f: float(getattr(machine, f)) for f in type(machine).__dataclass_fields__ if f not in
+               ("name", "description", "sources")}
+    studies.save_json(out, dict(format=FORMAT, measurements=meas, fit=result.summary(), figures=figures,
+                                command=" ".join(["python experiments/calibrate_runtime.py"] + sys.argv[1:])))
+    print(f"stage errors: compute {result.stages.get('compute', {}).get('steps')}, "
+          f"network {result.stages.get('network', {}).get('allreduces')}")
+    print(f"runs: T_c {calibrate.error_stats(result.compute_errors)}, T_u {calibrate.error_stats(result.update_errors)}")
+    for f, v in result.fitted.items():
+        print(f"  {f:36s} {v:12.4g}")
+    print("\n# for jaxsprint/perf/machines.py:\n" + preset_block(result.fitted))
+
+
+if __name__ == "__main__":
+    cli.run(main)

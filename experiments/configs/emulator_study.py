@@ -1,0 +1,29 @@
+r"""The emulator judged against the runtime (experiments/study_emulator.py): ResNet-8 on digits at 16x16.
+
+Three configurations of 8 learners at sub-batch 16 whose emulated network time sets the updater cycle and
+so the mean staleness (about T_c / T_u + 1: from about 1-2 at 80 ms to 8 or more at 4 ms on a 2-core machine;
+the study reports the measured value), each trained for the same number of updates by the real runtime and
+by the delayed-gradient emulator drawing from that run's measured pmfs, 3 seeds. About 15-25 minutes on a
+quiet 2-core machine:
+
+  python experiments/study_emulator.py --config=experiments/configs/emulator_study.py --out=docs/emulator-study
+"""
+import ml_collections
+
+from experiments.configs import sprint
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sprint.get_config()
+    c.sprint.sub_batch = 16
+    c.sprint.duration_s = 0.0          # the study stops every run at study.num_updates
+    c.sprint.warmup_s = 0.5            # the start-up transient left out of the measured pmfs
+    c.sprint.checkpoint = False
+    c.log_every_steps = 50
+    c.study = ml_collections.ConfigDict()
+    c.study.names = ("low", "mid", "high")
+    c.study.learners = (8, 8, 8)
+    c.study.network_times = (0.08, 0.02, 0.004)   # seconds per updater cycle
+    c.study.num_updates = 300          # published versions of a runtime run (empty cycles included)
+    c.study.seeds = (0, 1, 2)
+    return c
