@@ -54,6 +54,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -138,37 +139,39 @@ class LawFit(NamedTuple):
                 "minibatch_range": list(self.minibatch_range), "max_staleness": self.max_staleness}
 
 
-def _lm_fn(n: int, iters: int):
-    """Jitted Levenberg-Marquardt over several starts of the prior-regularised, censored residuals."""
+def _residuals(theta, b, tau, y, w, cens, b_ref, pm, ps):
+    """Weighted residuals of the cells (one-sided where censored; 0 where ``w = 0``) and the prior's rows."""
+    d = law_log_updates(theta, b, tau, b_ref) - y
+    d = jnp.where(cens, jnp.minimum(d, 0.0), d)
+    return jnp.concatenate([jnp.sqrt(w) * d, (theta - pm) / ps])
 
-    def residuals(theta, b, tau, y, w, cens, b_ref, pm, ps):
-        f = law_log_updates(theta, b, tau, b_ref)
-        d = f - y
-        d = jnp.where(cens, jnp.minimum(d, 0.0), d)
-        return jnp.concatenate([jnp.sqrt(w) * d, (theta - pm) / ps])
 
-    def solve(theta0, *args):
-        def cost(t):
-            r = residuals(t, *args)
-            return jnp.sum(r * r)
+@functools.partial(jax.jit, static_argnames=("iters",))
+def _levenberg_marquardt(theta0, b, tau, y, w, cens, b_ref, pm, ps, *, iters):
+    """Levenberg-Marquardt on :func:`_residuals` from each start ``theta0[k]``: ``(theta, cost, jacobian)``."""
+    args = (b, tau, y, w, cens, b_ref, pm, ps)
+    return jax.vmap(lambda t: _lm_one(t, args, iters))(theta0)
 
-        def step(carry, _):
-            theta, lam, c = carry
-            r = residuals(theta, *args)
-            jac = jax.jacfwd(residuals)(theta, *args)
-            jtj = jac.T @ jac
-            new = theta - jnp.linalg.solve(jtj + lam * (jnp.diag(jnp.diag(jtj)) + 1e-6 * jnp.eye(NUM_PARAMS)),
-                                           jac.T @ r)
-            new = jnp.clip(new, -30.0, 30.0)
-            c_new = cost(new)
-            ok = jnp.isfinite(c_new) & (c_new < c)
-            return (jnp.where(ok, new, theta), jnp.where(ok, lam * 0.3, lam * 10.0), jnp.where(ok, c_new, c)), None
 
-        (theta, _, c), _ = jax.lax.scan(step, (theta0, jnp.float32(1e-2), cost(theta0)), None, length=iters)
-        jac = jax.jacfwd(residuals)(theta, *args)
-        return theta, c, jac
+def _lm_one(theta0, args, iters):
 
-    return jax.jit(jax.vmap(solve, in_axes=(0,) + (None,) * 8))
+    def cost(t):
+        r = _residuals(t, *args)
+        return jnp.sum(r * r)
+
+    def step(carry, _):
+        theta, lam, c = carry
+        r = _residuals(theta, *args)
+        jac = jax.jacfwd(_residuals)(theta, *args)
+        jtj = jac.T @ jac
+        new = theta - jnp.linalg.solve(jtj + lam * (jnp.diag(jnp.diag(jtj)) + 1e-6 * jnp.eye(NUM_PARAMS)), jac.T @ r)
+        new = jnp.clip(new, -30.0, 30.0)
+        c_new = cost(new)
+        ok = jnp.isfinite(c_new) & (c_new < c)
+        return (jnp.where(ok, new, theta), jnp.where(ok, lam * 0.3, lam * 10.0), jnp.where(ok, c_new, c)), None
+
+    (theta, _, c), _ = jax.lax.scan(step, (theta0, jnp.float32(1e-2), cost(theta0)), None, length=iters)
+    return theta, c, jax.jacfwd(_residuals)(theta, *args)
 
 
 def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], log_updates: Sequence[float],
@@ -218,12 +221,16 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
     obs = ~cens
     if obs.any():  # start S_min at the data's scale
         theta0[:, 0] = float(np.min(y[obs])) + rng.normal(size=starts) * 0.3
-    args = tuple(jnp.asarray(a, jnp.float32) for a in (b, tau, y, w)) + (jnp.asarray(cens),)
-    args += (jnp.float32(b_ref), jnp.asarray(pm), jnp.asarray(ps))
-    thetas, costs, jacs = _lm_fn(n, iters)(jnp.asarray(theta0), *args)
+    # Padded to a power of two with zero-weight cells, so that one compilation serves many cell counts.
+    size = max(8, 1 << (n - 1).bit_length())
+    pad = lambda a, v: np.concatenate([a, np.full(size - n, v, a.dtype)])  # noqa: E731
+    args = tuple(jnp.asarray(pad(a, v), jnp.float32) for a, v in ((b, 1.0), (tau, 0.0), (y, 0.0), (w, 0.0)))
+    args += (jnp.asarray(pad(cens, False)), jnp.float32(b_ref), jnp.asarray(pm), jnp.asarray(ps))
+    thetas, costs, jacs = _levenberg_marquardt(jnp.asarray(theta0), *args, iters=iters)
     costs = np.where(np.isfinite(np.asarray(costs)), np.asarray(costs), np.inf)
     i = int(np.argmin(costs))
-    theta, jac = np.asarray(thetas[i], np.float64), np.asarray(jacs[i], np.float64)
+    theta = np.asarray(thetas[i], np.float64)
+    jac = np.asarray(jacs[i], np.float64)[np.r_[0:n, size:size + NUM_PARAMS]]
     f = np.asarray(law_log_updates(jnp.asarray(theta, jnp.float32), b, tau, b_ref), np.float64)
     d = f - y
     d = np.where(cens, np.minimum(d, 0.0), d)
