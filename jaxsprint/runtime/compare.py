@@ -25,8 +25,8 @@ import numpy as np
 
 from jaxsprint.errors import ConfigError
 
-__all__ = ["ERROR_KEYS", "compare", "network_cost", "predict", "predict_from_specs", "predict_from_timings",
-           "spec_times", "tv_distance"]
+__all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
+           "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "tv_distance"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
               "staleness_tv")
@@ -243,3 +243,114 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
         minibatch_tv=tv_distance(measured["minibatch_pmf"], predicted["minibatch_pmf"]),
         staleness_tv=tv_distance(measured["staleness_pmf"], predicted["staleness_pmf"]),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports: JSON, a printed table, a plot
+# ----------------------------------------------------------------------------------------------
+
+REPORT_KEYS = ("epoch_time_s", "mean_minibatch", "mean_staleness", "minibatch_pmf", "staleness_pmf")
+MEASURED_KEYS = REPORT_KEYS + ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s",
+                               "gradients", "updates")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with pmf dicts keyed by strings, numpy scalars as Python numbers and NaN/inf as None."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+def report(measured: Mapping[str, Any], predictions: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """One JSON-ready object: ``measured`` and each prediction (``predicted_from_<name>``), with the errors of
+    each against the measurement (``errors_from_<name>``). A prediction that is None stays None."""
+    out: dict[str, Any] = {"measured": jsonable(measured)}
+    for name, pred in predictions.items():
+        out[f"predicted_from_{name}"] = None if pred is None else jsonable(pred)
+        out[f"errors_from_{name}"] = None if pred is None else jsonable(compare(measured, pred))
+    return out
+
+
+_TABLE_ROWS = (("epoch time (s)", "epoch_time_s", "{:.4g}"), ("images/s", "images_per_s", "{:.4g}"),
+               ("T_c (ms)", "t_compute_s", "ms"), ("T_c cv", "t_compute_cv", "{:.3f}"),
+               ("T_u (ms)", "t_update_s", "ms"), ("T_u cv", "t_update_cv", "{:.3f}"),
+               ("mean mini-batch", "mean_minibatch", "{:.4g}"), ("std mini-batch", "std_minibatch", "{:.4g}"),
+               ("mean staleness", "mean_staleness", "{:.4g}"), ("std staleness", "std_staleness", "{:.4g}"))
+
+
+def _fmt(fmt: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{1e3 * v:.3f}" if fmt == "ms" else fmt.format(v)
+
+
+def format_table(measured: Mapping[str, Any], predictions: Mapping[str, Mapping[str, Any] | None]) -> str:
+    """Measured against each prediction, with relative errors and the TV distances of both pmfs."""
+    names = list(predictions)
+    head = f"{'':18s} {'measured':>12s}" + "".join(f" {'from ' + n:>14s} {'error':>8s}" for n in names)
+    lines = [head]
+    for label, key, fmt in _TABLE_ROWS:
+        row = f"{label:18s} {_fmt(fmt, measured.get(key)):>12s}"
+        for n in names:
+            p = predictions[n]
+            v = None if p is None else p.get(key)
+            err = _rel(v, measured.get(key, math.nan)) if v is not None else math.nan
+            row += f" {_fmt(fmt, v):>14s} {_fmt('{:+.1%}', err):>8s}"
+        lines.append(row)
+    for label, key in (("TV mini-batch", "minibatch_tv"), ("TV staleness", "staleness_tv")):
+        row = f"{label:18s} {'':>12s}"
+        for n in names:
+            v = None if predictions[n] is None else compare(measured, predictions[n])[key]
+            row += f" {_fmt('{:.4f}', v):>14s} {'':>8s}"
+        lines.append(row)
+    lines.append(f"gradients {measured['gradients']} and updates {measured['updates']} after the warm-up "
+                 f"({measured['warmup_until_s']:g} s of {measured['t_stop_s']:.3g} s), "
+                 f"{measured['in_flight']} in flight at the stop; {measured['learners']} learners "
+                 f"({measured['num_hosts']} host(s) x {measured['learners_per_host']}), sub-batch "
+                 f"{measured['sub_batch']}, emulated network {1e3 * measured['network_time_s']:g} ms")
+    return "\n".join(lines)
+
+
+def plot(path: str, measured: Mapping[str, Any], predictions: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """Measured histograms of the mini-batch and the staleness (bars) over the predicted pmfs (lines).
+
+    Needs matplotlib (the ``plot`` extra).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"timings": dict(color="C1", marker="o"), "specs": dict(color="C2", marker="s", linestyle="--")}
+    for ax, key, label in ((axes[0], "minibatch_pmf", "mini-batch (images)"),
+                           (axes[1], "staleness_pmf", "staleness (updates)")):
+        m = {int(k): float(v) for k, v in measured[key].items()}
+        xs = sorted(m)
+        width = 0.8 * (min(np.diff(xs)) if len(xs) > 1 else 1)
+        ax.bar(xs, [m[x] for x in xs], width=width, color="C0", alpha=0.6, label="measured")
+        for name, pred in predictions.items():
+            if pred is None:
+                continue
+            p = {int(k): float(v) for k, v in pred[key].items() if float(v) > 1e-4}
+            px = sorted(p)
+            tv = tv_distance(measured[key], pred[key])
+            ax.plot(px, [p[x] for x in px], markersize=3, label=f"model from {name} (TV {tv:.3f})",
+                    **styles.get(name, {}))
+        ax.set_xlabel(label)
+        ax.set_ylabel("probability")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"SPRINT runtime: {measured['learners']} learners ({measured['num_hosts']} host(s)), "
+                 f"sub-batch {measured['sub_batch']}, network {1e3 * measured['network_time_s']:g} ms; "
+                 f"T_u/T_c = {measured['t_update_s'] / measured['t_compute_s']:.3g}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

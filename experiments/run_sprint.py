@@ -1,0 +1,152 @@
+r"""Runs SPRINT for real (jaxsprint.runtime) and judges the SPRINT model against what it measured.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 python experiments/run_sprint.py \
+      --config=experiments/configs/sprint.py --workdir=/tmp/jaxsprint_sprint [--config.sprint.sub_batch=64 ...] \
+      [--plot=/tmp/jaxsprint_sprint/pmfs.png] [--json]
+
+Runs the learners and the updater (``runtime.run``), reads the event log (``workdir/events.npz``) without its
+warm-up, and prints the measured statistics against two predictions of the SPRINT model: from the measured
+cycles (T_c mean and cv, T_u mean and cv) and from specs (``--machine``/``--machine_file`` and the network's
+cost table). ``--json`` prints one JSON object instead of the table: ``measured``, ``predicted_from_timings``,
+``predicted_from_specs`` (each with ``epoch_time_s``, ``mean_minibatch``, ``mean_staleness``,
+``minibatch_pmf``, ``staleness_pmf``: value as a string -> probability; ``measured`` also with the cycles,
+``images_per_s``, ``gradients``, ``updates``), ``errors_from_timings``, ``errors_from_specs`` and
+``eval_accuracy``. ``--events=FILE`` analyses a saved log instead of running.
+
+Multi-host: ``--coordinator_address/--num_processes/--process_id`` (or SLURM) as experiments/train.py; every
+process runs this with the same config, process 0 prints and writes. A bad flag or config value exits with
+status 2 and one message, before anything is written.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import ConfigError, check  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections SPRINT config file "
+                                          "(experiments/configs/sprint.py).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run: events.npz, summary.json, checkpoints.")
+_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
+_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
+_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
+_PLOT = flags.DEFINE_string("plot", None, "Write the measured histograms over the model's pmfs to this "
+                            "image (.png, .pdf or .svg; needs matplotlib).")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
+_MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the prediction from specs.")
+_MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file (experiments/calibrate.py) instead of "
+                                    "--machine.")
+_SPECS = flags.DEFINE_bool("specs", True, "Also predict from specs (costs a few seconds of XLA cost analysis).")
+_UPDATE_CV = flags.DEFINE_bool("update_cv", True, "Give the model the measured jitter of the updater cycle "
+                               "(False: the protocol's fixed cycle).")
+_EVENTS = flags.DEFINE_string("events", None, "Analyse this events.npz instead of running (--config is then "
+                              "only needed for --specs; --workdir is not used).")
+
+_PLOT_EXTENSIONS = (".png", ".pdf", ".svg")
+
+
+def _check_flags() -> None:
+    if _EVENTS.value is None:
+        check(_CONFIG.value is not None, "--config", None, "a config file is required "
+                                                           "(e.g. experiments/configs/sprint.py)")
+        check(bool(_WORKDIR.value), "--workdir", _WORKDIR.value, "a directory is required")
+    elif _CONFIG.value is None:
+        check(not flags.FLAGS["specs"].present or not _SPECS.value, "--specs", True,
+              "needs --config (the network and the run's config) when --events is given")
+    if _PLOT.value is not None:
+        check(os.path.splitext(_PLOT.value)[1].lower() in _PLOT_EXTENSIONS, "--plot", _PLOT.value,
+              f"a file name ending in {', '.join(_PLOT_EXTENSIONS)}")
+        parent = os.path.dirname(os.path.abspath(_PLOT.value))
+        check(os.path.isdir(parent) or (_WORKDIR.value and os.path.abspath(parent).startswith(
+            os.path.abspath(_WORKDIR.value))), "--plot", _PLOT.value,
+            "a path in an existing directory (or in the workdir)")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot", _PLOT.value, "needs matplotlib (pip install 'jaxsprint[plot]')") from None
+
+
+def _initialize_distributed(config) -> None:
+    from jaxsprint import parallel, runtime
+
+    kwargs = parallel.distributed_init_kwargs(os.environ, coordinator_address=_COORD.value,
+                                              num_processes=_NPROC.value, process_id=_PID.value)
+    if kwargs is None:
+        return
+    if kwargs:
+        runtime.initialize_distributed(**kwargs, timeout_s=int(config.sprint.init_timeout_s))
+    else:  # SLURM or JAX_COORDINATOR_ADDRESS: JAX finds the rest
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize()
+
+
+def _machine():
+    from jaxsprint.perf import presets
+
+    return presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ConfigError("arguments", argv[1:], "none besides flags")
+    _check_flags()
+    machine = _machine() if _SPECS.value and _CONFIG.value is not None else None  # refused before any run
+    from jaxsprint.runtime import compare, events
+
+    config = _CONFIG.value
+    eval_accuracy = None
+    process_index = 0
+    if _EVENTS.value is not None:
+        log = events.load(_EVENTS.value)
+        summary = os.path.join(os.path.dirname(os.path.abspath(_EVENTS.value)), "summary.json")
+        if os.path.exists(summary):
+            with open(summary) as fh:
+                eval_accuracy = json.load(fh).get("eval", {}).get("accuracy")
+    else:
+        from jaxsprint import cpu, runtime
+
+        print_info = cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
+        if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO
+            logging.set_verbosity(logging.WARNING)
+        _initialize_distributed(config)
+        import jax
+
+        runtime.validate_config(config, jax.local_device_count())  # before anything is written
+        logging.info(print_info)
+        result = runtime.run(config, _WORKDIR.value)
+        log, process_index = result.events, result.process_index
+        eval_accuracy = result.eval.get("accuracy")
+    if process_index != 0:
+        return
+    measured = events.statistics(log)
+    predictions = {"timings": compare.predict_from_timings(measured, use_update_cv=_UPDATE_CV.value),
+                   "specs": None}
+    if machine is not None:
+        network = compare.network_cost(config)
+        predictions["specs"] = compare.predict_from_specs(
+            machine, network, config, num_hosts=measured["num_hosts"],
+            learners_per_host=measured["learners_per_host"], dataset_size=measured["dataset_size"])
+    if _PLOT.value is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(_PLOT.value)), exist_ok=True)
+        compare.plot(_PLOT.value, measured, predictions)
+    if _JSON.value:
+        out = compare.report(measured, predictions)
+        out["eval_accuracy"] = compare.jsonable(eval_accuracy)
+        print(json.dumps(out, allow_nan=False))
+    else:
+        print(compare.format_table(measured, predictions))
+        if eval_accuracy is not None:
+            print(f"eval accuracy of the last published weights: {eval_accuracy:.4f}")
+        if _PLOT.value is not None:
+            print(f"wrote {_PLOT.value}")
+
+
+if __name__ == "__main__":
+    cli.run(main)
