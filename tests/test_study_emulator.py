@@ -1,0 +1,66 @@
+"""experiments/study_emulator.py: the emulator's config from measured pmfs (fast), and a --quick end-to-end
+run at a tiny model (slow), and a bad study block refused with exit status 2 before anything is written."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "study_emulator.py")
+CONFIG = os.path.join(ROOT, "experiments", "configs", "emulator_study.py")
+sys.path.insert(0, ROOT)
+
+
+def _run(*args, timeout=900):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=ROOT)
+
+
+def test_emulator_config_follows_the_measured_pmfs():
+    from experiments import study_emulator
+    from experiments.configs import emulator_study
+    from jaxsprint import async_emulation
+
+    base = emulator_study.get_config()
+    stats = {"staleness_pmf": {"1": 0.25, "3": 0.75}, "count_pmf": {"0": 0.5, "2": 0.2, "5": 0.3}}
+    c = study_emulator.emulator_config(base, 1, 4, stats, 123)
+    a = c.async_emulation
+    assert a.enabled and a.sampler == "pmf" and a.max_staleness == 3
+    assert a.pmf == pytest.approx((0.0, 0.25, 0.0, 0.75))
+    assert a.num_sub_batches == 5 and c.batch_size == 5 * base.sprint.sub_batch
+    assert a.k_pmf == pytest.approx((0, 0, 0.4, 0, 0, 0.6))  # K >= 1, renormalised
+    assert c.num_train_steps == 123 and c.seed == 4 and "study" not in c
+    assert c.bn.reduction == "group" and c.bn.group_size == base.sprint.sub_batch
+    # The runtime's peak rate: linear scaling for sub_batch x learners, given to the emulator unscaled.
+    assert c.lr.scaling == "none"
+    assert c.lr.base == pytest.approx(base.lr.base * base.sprint.sub_batch * base.study.learners[1]
+                                      / base.lr.reference_batch)
+    async_emulation.validate_config(c)
+
+
+@pytest.mark.slow  # two short trainings (runtime and emulator) of a tiny model, with their compiles
+def test_quick_study_end_to_end(tmp_path):
+    out = tmp_path / "study"
+    r = _run(f"--config={CONFIG}", f"--out={out}", "--quick", "--config.model=tiny")
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "study.json").read_text())
+    assert sorted(results) == ["quick_s0_emulator", "quick_s0_runtime"]
+    rt = results["quick_s0_runtime"]
+    assert rt["published_updates"] >= 6 and 1 <= rt["applied_updates"] <= rt["published_updates"]
+    assert 0.0 <= rt["eval_accuracy"] <= 1.0 and abs(sum(rt["staleness_pmf"].values()) - 1) < 1e-6
+    em = results["quick_s0_emulator"]
+    assert em["diverged"] or 0.0 <= em["eval_accuracy"] <= 1.0
+    table = (tmp_path / "study.md").read_text()
+    assert "| config | learners | network ms |" in table and "| quick | 2 | 10 |" in table
+
+
+@pytest.mark.slow  # a subprocess that starts JAX: about a minute on the loaded machine
+def test_bad_study_block_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "study"
+    r = _run(f"--config={CONFIG}", f"--out={out}", "--config.study.learners=(8, 8)", timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: invalid config.study.learners" in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(tmp_path / "study.json")
