@@ -34,6 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sprint = ml_collections.ConfigDict()
     # Learner threads per host (None: one per local device; more than the devices share them round-robin).
     c.sprint.learners_per_host = ml_collections.config_dict.placeholder(int)
+    # Local devices the learners use (None: all; 1: every learner on the first device, e.g. one GPU).
+    c.sprint.devices = ml_collections.config_dict.placeholder(int)
     c.sprint.sub_batch = 32          # examples per learner gradient
     c.sprint.network_time_s = 0.0    # emulated network time added to each updater cycle's all-reduce
     c.sprint.lockstep = False        # True: synchronous check mode (one gradient per learner per update)

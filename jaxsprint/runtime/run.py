@@ -76,7 +76,7 @@ def validate_config(config, num_local_devices: int) -> None:
     """Checks a SPRINT config (``experiments/configs/sprint.py``); reads and writes nothing.
 
     Checks the data, model, CPU-switch and optimizer fields as training does, ``polish.mode`` (``none`` or
-    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``sub_batch``
+    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``devices`` (None or 1..local devices), ``sub_batch``
     (an integer >= 1, at most the training-set share of a host for the built-in datasets), ``network_time_s``
     and ``warmup_s`` (finite, >= 0), ``lockstep`` (bool), ``duration_s`` / ``num_updates`` / ``num_epochs``
     (each >= 0, at least one > 0), ``eval_every_updates`` and ``schedule_updates`` (integers >= 0 / >= 1),
@@ -100,6 +100,9 @@ def validate_config(config, num_local_devices: int) -> None:
     lph = s.learners_per_host
     check(lph is None or (_is_int(lph) and lph >= 1), "config.sprint.learners_per_host", lph,
           "None (one per local device) or an integer >= 1")
+    nd = s.get("devices")
+    check(nd is None or (_is_int(nd) and 1 <= nd <= num_local_devices), "config.sprint.devices", nd,
+          f"None (every local device) or an integer in [1, {num_local_devices}]")
     check(_is_int(s.sub_batch) and s.sub_batch >= 1, "config.sprint.sub_batch", s.sub_batch, "an integer >= 1")
     for name in ("network_time_s", "warmup_s"):
         check(_is_real(s[name]) and s[name] >= 0, f"config.sprint.{name}", s[name], "a finite number >= 0")
@@ -275,6 +278,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     s = config.sprint
     num_hosts, host = jax.process_count(), jax.process_index()
     lph = s.learners_per_host or len(local)
+    learner_devices = local[:s.get("devices") or len(local)]
     col = collective_lib.HostCollective() if num_hosts > 1 else None
     device = col.device if col is not None else local[0]
     b = _build(config, device)
@@ -284,12 +288,12 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     data = SubBatches(b.dataset.train, seed=s.seed, sub_batch=s.sub_batch, host=host, num_hosts=num_hosts)
     t0 = [0.0]
     clock = lambda: time.perf_counter() - t0[0]  # noqa: E731
-    learners = [Learner(index=host * lph + j, host=host, device=local[j % len(local)], gradient_fn=b.grad_fn,
-                        data=data, buffer=buffer, published=published, control=control, clock=clock,
+    learners = [Learner(index=host * lph + j, host=host, device=learner_devices[j % len(learner_devices)],
+                        gradient_fn=b.grad_fn, data=data, buffer=buffer, published=published, control=control, clock=clock,
                         lockstep=s.lockstep, time_fn=learner_time_fn) for j in range(lph)]
     example = b.dataset.train.get_batch(data.indices(0))
     example = {"image": np.asarray(example["image"], np.uint8), "label": np.asarray(example["label"], np.int32)}
-    for lr in learners[:len(local)]:
+    for lr in learners[:len(learner_devices)]:
         lr.warm_up(b.params, example)
     dummy = np.zeros(width, np.float32)
     jax.block_until_ready(b.apply_fn(b.params, b.opt_state, b.stats, dummy, 1))  # compile; result dropped
@@ -300,7 +304,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
                       sub_batch=s.sub_batch, network_time_s=float(s.network_time_s), lockstep=s.lockstep,
                       local_learners=lph)
     if col is not None:
-        col.allreduce(dummy[:width + 3] if width + 3 <= dummy.size else np.zeros(width + 3, np.float32))
+        col.allreduce(np.zeros(width + 3, np.float32))  # compiles the cycle's all-reduce
         col.barrier()
     threads = [threading.Thread(target=lr.run, name=f"sprint-learner-{lr.index}", daemon=True) for lr in learners]
     upd_thread = threading.Thread(target=updater.run, name="sprint-updater", daemon=True)
