@@ -8,6 +8,7 @@ with the EMA statistics and with the recomputed ones, side by side, and writes b
 WORKDIR/polish.json and the polished statistics to WORKDIR/polished_batch_stats/ (orbax). The run's own
 checkpoints are left as they are.
 """
+import copy
 import json
 import os
 import sys
@@ -34,15 +35,25 @@ def main(argv):
     ckpt_dir = os.path.join(_WORKDIR.value, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise CheckpointError("--workdir", _WORKDIR.value, "it holds no checkpoints/ directory")
+    cli.check_output_dir("--workdir", _WORKDIR.value)
     import jax
     import orbax.checkpoint as ocp
 
-    from jaxsprint import cpu, metrics, train
+    from jaxsprint import cpu, metrics, models, parallel, settings, train
 
-    cpu.configure_host_memory(_CONFIG.value.cpu_kernels)  # before JAX starts its threads
+    config = _CONFIG.value
+    cpu.validate_config(config)
+    cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    exp = train.build_experiment(_CONFIG.value)
+    if not models.has_batchnorm(config.model):
+        raise ConfigError("config.model", config.model, "a model with BatchNorm (polishing recomputes its "
+                          "statistics)")
+    polishing = copy.deepcopy(config)  # checked as a run that recomputes (whatever its polish.mode was)
+    with polishing.unlocked():
+        polishing.polish.mode = "recompute" if config.polish.mode in ("none", "recompute") else "both"
+    settings.validate_run(polishing, parallel.make_mesh(config.num_devices).size)
+    exp = train.build_experiment(config)
     restored = train.load_checkpoint(exp, _WORKDIR.value)
     if restored is None:
         raise CheckpointError("--workdir", _WORKDIR.value, f"no checkpoint found in {ckpt_dir}")

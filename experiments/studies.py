@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxsprint import parallel, train
+from jaxsprint import cli, parallel, settings, train
 from jaxsprint.errors import ConfigError, NonFiniteError, check
 
 __all__ = ["fmt_cell", "load_json", "loss_curve", "markdown_table", "mean_std", "pyplot", "require_study",
-           "run_cell", "save_json", "validate_cells", "write_markdown"]
+           "run_cell", "save_json", "validate_cells", "write_markdown", "check_out"]
 
 
 def require_study(base, fields: Sequence[str], flag: str = "--config") -> None:
@@ -44,9 +44,23 @@ def validate_cells(configs: Iterable[tuple[str, Any]]) -> int:
     """
     n = 0
     for _, config in configs:
-        train.validate_config(config, parallel.make_mesh(config.num_devices).size)
+        settings.validate_run(config, parallel.make_mesh(config.num_devices).size)
         n += 1
     return n
+
+
+def check_out(prefix: str, flag: str = "--out") -> None:
+    """Checks that the study can write ``prefix.json``, ``.md`` and ``.png`` (nothing is created).
+
+    Raises:
+      ConfigError: named `flag`: an empty prefix, or a path whose directory is a file or cannot be created.
+    """
+    check(bool(prefix), flag, prefix, "an output prefix such as docs/polish-study")
+    for ext in (".json", ".md", ".png"):
+        try:
+            cli.check_output_file(flag, prefix + ext)
+        except ConfigError as e:
+            raise ConfigError(flag, prefix, e.allowed) from None
 
 
 def _jsonable(value: Any) -> bool:

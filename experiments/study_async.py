@@ -7,6 +7,7 @@ staleness, and loss curves for the constant-staleness runs). Every cell's config
 runs: a bad value (an unknown distribution or mitigation too) ends the study at once with exit status 2.
 """
 import copy
+import math
 import os
 import sys
 import time
@@ -43,8 +44,8 @@ def validate_study(base) -> None:
         check(mit in staleness.MITIGATIONS, "config.study.mitigations", mit,
               f"allowed: {', '.join(staleness.MITIGATIONS)}")
     for mean in base.study.mean_staleness:
-        check(isinstance(mean, (int, float)) and not isinstance(mean, bool) and mean >= 0,
-              "config.study.mean_staleness", mean, "allowed: numbers >= 0")
+        check(isinstance(mean, (int, float)) and not isinstance(mean, bool) and math.isfinite(mean) and mean >= 0,
+              "config.study.mean_staleness", mean, "allowed: finite numbers >= 0")
         check(float(mean).is_integer() or "constant" not in base.study.kinds, "config.study.mean_staleness", mean,
               "allowed: whole numbers when config.study.kinds has 'constant'")
     for seed in base.study.seeds:
@@ -78,14 +79,17 @@ def cells(base):
 
 
 def main(argv):
-    del argv
     from experiments import studies
+    from jaxsprint.errors import check
+
+    check(len(argv) == 1, "arguments", argv[1:], "none besides flags")
 
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
     validate_study(base)
     todo = [(key, cell_config(base, *args)) for key, args in cells(base)]
     studies.validate_cells(todo)
+    studies.check_out(_OUT.value)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
     for key, config in todo:

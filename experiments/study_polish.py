@@ -60,14 +60,17 @@ def cells(base):
 
 
 def main(argv):
-    del argv
     from experiments import studies
+    from jaxsprint.errors import check
+
+    check(len(argv) == 1, "arguments", argv[1:], "none besides flags")
 
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
     validate_study(base)
     todo = list(cells(base))
     studies.validate_cells(todo)
+    studies.check_out(_OUT.value)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
     for key, config in todo:

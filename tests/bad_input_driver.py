@@ -1,0 +1,91 @@
+"""Runs many argument lists through one launcher in one process, as its command line would, and reports each.
+
+    python tests/bad_input_driver.py LAUNCHER.py CASES.json OUT.json
+
+CASES.json is a list of ``{"id": str, "argv": [str, ...]}``. For each case the absl flags are reset, parsed
+from ``argv`` by :func:`jaxsprint.cli.parse_flags` and the launcher's ``main`` is called through
+:func:`jaxsprint.cli.guarded`, exactly the two steps of :func:`jaxsprint.cli.run`; a ``SystemExit`` gives
+the exit status, any other exception is printed as a traceback (status 1), as the interpreter would. The
+whole tree under the current directory is snapshotted (paths, sizes, mtimes) before and after each case.
+
+OUT.json: a list of ``{"id", "code", "stderr", "changed": [paths added, removed or modified]}``. Used by
+``tests/test_bad_inputs.py``, which starts one such process per launcher so that JAX is imported once.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import traceback
+
+
+def snapshot(root: str) -> dict[str, tuple[int, int]]:
+    """Every file and directory under `root`: relative path -> (size, mtime in ns); directories size -1."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            rel = os.path.relpath(path, root)
+            out[rel] = (-1 if name in dirnames else st.st_size, st.st_mtime_ns)
+    return out
+
+
+def changed(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def run_case(module, launcher: str, argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``launcher argv`` in this process."""
+    from absl import flags
+
+    from jaxsprint import cli
+
+    flags.FLAGS.unparse_flags()
+    for name in [n for n in flags.FLAGS if "." in n]:  # ml_collections' per-override flags of the last case
+        delattr(flags.FLAGS, name)
+    for name in list(flags.FLAGS):  # ml_collections loads a config file into sys.modules["<flag>_config"] and
+        sys.modules.pop(f"{name}_config", None)  # would reuse that module (and a get_config it no longer has)
+    sys.argv = [launcher] + list(argv)  # ml_collections reads the overrides from sys.argv
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            remaining = cli.parse_flags([launcher] + list(argv))
+            cli.guarded(module.main)(remaining)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 (what the interpreter would print)
+            traceback.print_exc()
+            code = 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def main(argv: list[str]) -> None:
+    launcher, cases_path, out_path = argv[1:4]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    spec = importlib.util.spec_from_file_location("launcher_under_test", launcher)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = os.getcwd()
+    results = []
+    for case in cases:
+        before = snapshot(root)
+        code, _, err = run_case(module, launcher, case["argv"])
+        results.append({"id": case["id"], "code": code, "stderr": err,
+                        "changed": [p for p in changed(before, snapshot(root)) if p != os.path.basename(out_path)]})
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
