@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 
 from jaxsprint import cli  # noqa: E402
-from jaxsprint.errors import ConfigError  # noqa: E402
+from jaxsprint.errors import ConfigError, check  # noqa: E402
 from jaxsprint.perf import collectives, machines, networks, presets, simulate, sprint, zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -57,8 +57,23 @@ _TIMINGS = ("workers", "t_compute", "t_update")
 _SPECS = ("machine", "machine_file", "network")
 
 
+# Updater cycles the --plot simulation may run: its event arrays grow with the cycles (10^7 is ~2 minutes).
+MAX_SIM_CYCLES = 10_000_000
+
+
+def check_plot_flags() -> None:
+    """--plot, --sim_cycles and --seed, before the model or the simulator runs."""
+    if not FLAGS.plot:
+        return
+    cli.check_output_file("--plot", FLAGS.plot)
+    check(1 <= FLAGS.sim_cycles <= MAX_SIM_CYCLES, "--sim_cycles", FLAGS.sim_cycles,
+          f"an integer in [1, {MAX_SIM_CYCLES:,}] (updater cycles simulated for --plot)")
+    check(0 <= FLAGS.seed < 2**32, "--seed", FLAGS.seed, "an integer in [0, 2^32)")
+
+
 def resolve() -> dict[str, Any]:
     """Validates the flags; returns the configuration (mode, N, T_c, T_u, cv, ...)."""
+    check_plot_flags()
     given = lambda names: [k for k in names if FLAGS[k].value is not None]  # noqa: E731
     timing_flags, spec_flags = given(_TIMINGS), given(_SPECS)
     cv, b, n_file = FLAGS.t_compute_cv, FLAGS.sub_batch, FLAGS.dataset_size

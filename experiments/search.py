@@ -59,6 +59,10 @@ flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
 flags.DEFINE_string("plot", None, "Write a PNG of the search on the epoch-time / mini-batch plane.")
 
 
+# Starting points of the gradient search at most: each carries its Adam state through one vmapped call.
+MAX_STARTS = 4096
+
+
 def resolve() -> tuple[spaces.Space, spaces.Target, list[str]]:
     """Validates the flags; returns the space, the target and warnings."""
     machine = presets.load_machine(FLAGS.machine, FLAGS.machine_file)
@@ -68,13 +72,18 @@ def resolve() -> tuple[spaces.Space, spaces.Target, list[str]]:
     if FLAGS.target_minibatch is None:
         raise ConfigError("--target_minibatch", None, "a number >= 1 (samples); the flag is required")
     target = spaces.make_target(FLAGS.target_minibatch, FLAGS.tolerance, FLAGS.max_staleness)
-    check(FLAGS.starts >= 1, "--starts", FLAGS.starts, "an integer >= 1")
+    check(1 <= FLAGS.starts <= MAX_STARTS, "--starts", FLAGS.starts,
+          f"an integer in [1, {MAX_STARTS}] (2 x starts problems are solved in one vmapped call)")
+    if FLAGS.plot:
+        cli.check_output_file("--plot", FLAGS.plot)
     precision = None
     if FLAGS.precision:
         precision = spaces.Precision(low_peak_factor=FLAGS.low_peak_factor, max_low_fraction=FLAGS.max_low_fraction)
     space = spaces.make_space(net, machine, max_nodes=FLAGS.max_nodes, max_gpus_per_node=FLAGS.max_gpus_per_node,
                               max_sub_batch=FLAGS.max_sub_batch, min_sub_batch=FLAGS.min_sub_batch,
                               dataset_size=FLAGS.dataset_size, algorithm=FLAGS.allreduce, precision=precision)
+    if FLAGS.grid:
+        search.check_grid_size(space)
     warnings = []
     if space.max_nodes > float(machine.max_nodes):
         warnings.append(f"max_nodes={space.max_nodes} exceeds the {int(float(machine.max_nodes))} "

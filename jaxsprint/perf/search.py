@@ -52,7 +52,8 @@ from jaxsprint.errors import ConfigError
 from jaxsprint.perf.space import (INFEASIBLE_SCORE, Space, Stats, Target, constraints, evaluate, score,
                                   score_configs, target_array)
 
-__all__ = ["GRID_MAX_CONFIGS", "Candidate", "SearchResult", "evaluate_configs", "gradient_search", "grid_search"]
+__all__ = ["GRID_MAX_CONFIGS", "Candidate", "SearchResult", "check_grid_size", "evaluate_configs", "gradient_search",
+           "grid_search"]
 
 GRID_MAX_CONFIGS = 2 ** 31 - 1  # int32 decoding of grid indices
 
@@ -223,6 +224,13 @@ def _grid_fn(space: Space, chunk: int, top_k: int):
     return jax.jit(run), decode
 
 
+def check_grid_size(space: Space) -> None:
+    """Raises ConfigError (field ``grid size``) when `space` is too large for :func:`grid_search`."""
+    if space.size > GRID_MAX_CONFIGS:
+        raise ConfigError("grid size", space.size, f"at most {GRID_MAX_CONFIGS} configurations (use "
+                                                   "gradient_search: the search launcher without --grid)")
+
+
 def grid_search(space: Space, target: Target, *, chunk: int = 1 << 16, top_k: int = 64
                 ) -> SearchResult:
     """Exhaustive search: every configuration of ``space``, vmapped in chunks in one jitted loop.
@@ -239,10 +247,9 @@ def grid_search(space: Space, target: Target, *, chunk: int = 1 << 16, top_k: in
     Raises:
       ConfigError: a space too large to enumerate.
     """
-    if space.size > GRID_MAX_CONFIGS:
-        raise ConfigError("grid size", space.size, f"at most {GRID_MAX_CONFIGS} configurations (use "
-                                                   "gradient_search: the search launcher without --grid)")
+    check_grid_size(space)
     chunk = int(min(chunk, 1 << max(4, math.ceil(math.log2(space.size)))))
+    top_k = int(min(top_k, chunk))  # lax.top_k needs k <= the chunk (a small space has a small chunk)
     t0 = time.perf_counter()
     run, decode = space.jitted(("grid", chunk, top_k), lambda: _grid_fn(space, chunk, top_k))
     tgt = target_array(target)
