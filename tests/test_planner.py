@@ -1,0 +1,100 @@
+"""Tests of jaxsprint.planner with the emulated runs replaced by a known convergence law."""
+import math
+
+import numpy as np
+import pytest
+
+from jaxsprint import convergence, planner
+from jaxsprint.errors import ConfigError
+from jaxsprint.perf import machines, plan, zoo
+from jaxsprint.perf import space as spaces
+
+TRUE = np.array([math.log(60.0), math.log(1.0), math.log(0.02), math.log(2.0), 1.0])
+B_REF = 64.0
+TARGET = 0.95
+
+
+class LawEmulator:
+    """Stands in for :class:`jaxsprint.convergence.Emulator`: every seed's accuracy rises linearly and crosses
+    the target exactly at the law's U(B, tau) (or tops out at ``ceiling``)."""
+
+    def __init__(self, ceiling=1.0, max_updates=4000):
+        self.max_updates, self.min_bucket, self.ceiling = max_updates, 1, ceiling
+        self.specs = []
+
+    def key_fields(self):
+        return {"law": TRUE.tolist(), "ceiling": self.ceiling}
+
+    def run(self, spec):
+        self.specs.append(spec)
+        u_true = math.exp(float(plan.law_log_updates(TRUE, spec.mean_minibatch, spec.mean_staleness, B_REF)))
+        updates = np.arange(1, 401, dtype=np.float64) * (self.max_updates / 400)
+        acc = np.minimum(TARGET * updates / u_true, self.ceiling)
+        return convergence.RunResult(updates, np.stack([acc, acc]))
+
+
+@pytest.fixture(scope="module")
+def space():
+    return spaces.make_space(zoo.get("resnet8"), machines.get("tsubame_kfc_dl"), max_nodes=16, max_sub_batch=32)
+
+
+OPTS = planner.PlanOptions(target_accuracy=TARGET, budget_runs=6, initial_runs=4, search_starts=4)
+
+
+@pytest.mark.slow  # about 20 s on a quiet 2-core machine: searches, pmfs and fits compile
+def test_planner_recovers_the_law_and_picks_the_known_optimum(space):
+    em = LawEmulator()
+    report = planner.run_plan(space, em, convergence.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0, 256.0],
+                              staleness_limits=[4.0, math.inf])
+    assert report["reached"]
+    fit = report["_fit"]
+    assert report["runs"]["used"] == len(em.specs) <= 6
+    # Each run drew from its candidate's predicted pmfs, whose means are the candidate's.
+    for s in em.specs:
+        assert np.dot(np.arange(s.staleness_pmf.size), s.staleness_pmf) == pytest.approx(s.mean_staleness, rel=0.05)
+    # The fitted law predicts the true one across the fitted cells.
+    b = np.array([r["mean_minibatch"] for r in report["candidates"]])
+    tau = np.array([r["mean_staleness"] for r in report["candidates"]])
+    pred, _ = plan.predict_log_updates(fit, b, tau)
+    true = np.asarray(plan.law_log_updates(TRUE, b, tau, B_REF))
+    np.testing.assert_allclose(pred, true, atol=0.05)
+    # The choice is the optimum of the TRUE law over the same range, within 2% of its time to accuracy.
+    true_fit = fit._replace(theta=TRUE.copy(), b_ref=B_REF)
+    best = plan.plan_search(space, true_fit, starts=4)
+    c = report["chosen"]
+    _, f_chosen, ok = plan.evaluate_plan(space, true_fit, [[c["nodes"], c["gpus_per_node"], c["sub_batch"]]])
+    assert ok[0]
+    assert f_chosen[0] <= best.log_time_to_accuracy + math.log(1.02)
+    # Beside it, SPRINT's rule for the same mean mini-batch; never predicted faster than the choice.
+    assert report["sprint_rule"] is not None
+    assert abs(report["sprint_rule"]["mean_minibatch"] / c["mean_minibatch"] - 1) <= OPTS.tolerance + 1e-6
+    assert report["speedup_over_sprint_rule"] >= 1.0 - 1e-6
+    for r in report["candidates"]:
+        assert r["predicted_updates_low"] <= r["predicted_updates"] <= r["predicted_updates_high"]
+
+
+def test_a_target_no_run_reaches_gives_the_best_reached(space):
+    em = LawEmulator(ceiling=0.6)
+    report = planner.run_plan(space, em, convergence.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0],
+                              staleness_limits=[math.inf])
+    assert not report["reached"]
+    assert report["best_reached"]["accuracy"] == pytest.approx(0.6)
+    assert "chosen" not in report
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, 1.5, math.nan, "high"])
+def test_target_accuracy_outside_zero_one(value):
+    with pytest.raises(ConfigError, match="--target_accuracy"):
+        planner.check_target_accuracy(value)
+    assert planner.check_target_accuracy(1.0) == 1.0
+
+
+def test_no_candidate_meets_the_ladder(space):
+    with pytest.raises(ConfigError, match="--minibatch_range"):
+        planner.run_plan(space, LawEmulator(), convergence.RunCache(None), OPTS, minibatch_targets=[1e7],
+                         staleness_limits=[math.inf])
+
+
+def test_spread_design_takes_the_corners_first():
+    pts = np.array([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5], [0.0, 1.0], [1.0, 0.0]])
+    assert set(planner.spread_design(pts, 4)) == {0, 1, 3, 4}
