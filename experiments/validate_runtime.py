@@ -1,0 +1,327 @@
+r"""The SPRINT model judged against the real runtime over a grid of configurations.
+
+  python experiments/validate_runtime.py --out=runs/validate_runtime          # the grid: about 25-35 minutes
+  python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
+  python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
+
+Each configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from
+about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
+jax.distributed with gloo; each process gets as many fake CPU devices as it has learners), long enough for at
+least --min_gradients gradients and --min_updates updates after the warm-up: the duration comes from the
+model's specs estimate of T_c and T_u (the --machine preset), and a run that falls short is repeated once,
+longer. Writes to --out: ``runs/<name>/`` (each run's workdir, stdout and stderr), ``results.json`` (every
+run's JSON), ``results.csv`` and ``summary.md`` (errors per configuration, their medians and 90th
+percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet machine: the learners share
+the cores with everything else.
+
+Flags that start with ``--config.`` (in the ``=`` form, e.g. ``--config.model=resnet20``) are passed to every
+run.
+"""
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.errors import ConfigError, check  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_DEFAULT_CONFIG = os.path.join(_HERE, "configs", "sprint.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "The SPRINT config of every run.",
+                                          lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "Output folder (created).")
+_QUICK = flags.DEFINE_bool("quick", False, "A tiny grid (2 runs of a tiny model, a few seconds each) for tests.")
+_DRY = flags.DEFINE_bool("dry_run", False, "Print the plan and its estimated time; run nothing.")
+_ONLY = flags.DEFINE_list("only", [], "Run only these configurations of the grid (names).")
+_MIN_GRAD = flags.DEFINE_integer("min_gradients", 2000, "Gradients after the warm-up each run needs.")
+_MIN_UPD = flags.DEFINE_integer("min_updates", 500, "Updates after the warm-up each run needs.")
+_WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Warm-up cut of every run (config.sprint.warmup_s).")
+_MAX_DUR = flags.DEFINE_float("max_duration_s", 180.0, "Longest run.")
+_MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the specs prediction and the plan.")
+_MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file instead of --machine.")
+_TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes after this long.")
+
+# (name, hosts, learners per host, sub-batch, emulated network ms), chosen for T_u/T_c from about 0.1 to 10
+# on 2 cores (learners beyond the cores time-share them, so T_c grows with all processes' learners).
+GRID = (
+    ("h1_l1_b8_n20", 1, 1, 8, 20), ("h1_l1_b128_n5", 1, 1, 128, 5), ("h1_l2_b8_n50", 1, 2, 8, 50),
+    ("h1_l2_b64_n10", 1, 2, 64, 10), ("h1_l4_b32_n30", 1, 4, 32, 30), ("h1_l4_b16_n100", 1, 4, 16, 100),
+    ("h1_l8_b32_n10", 1, 8, 32, 10), ("h1_l8_b128_n50", 1, 8, 128, 50), ("h1_l8_b8_n20", 1, 8, 8, 20),
+    ("h2_l1_b32_n0", 2, 1, 32, 0), ("h2_l1_b8_n50", 2, 1, 8, 50), ("h2_l2_b32_n20", 2, 2, 32, 20),
+    ("h2_l4_b64_n100", 2, 4, 64, 100), ("h2_l2_b128_n5", 2, 2, 128, 5),
+)
+QUICK_GRID = (("quick_h1_l2", 1, 2, 8, 10), ("quick_h2_l1", 2, 1, 8, 10))
+QUICK_OVERRIDES = ("--config.model=tiny", "--config.image_size=8")
+QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
+_STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
+_METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
+            ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
+            ("TV staleness", "staleness_tv"))
+
+
+def _config_overrides() -> list[str]:
+    """The ``--config.*`` flags of this command line, passed on to every run."""
+    return [a for a in sys.argv[1:] if a.startswith("--config.")]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
+                  max_duration_s: float, margin: float = 1.3) -> float:
+    """Run length for ``min_gradients`` gradients (``N / T_c`` per second) and ``min_updates`` updates
+    (``1 / T_u`` per second) after the warm-up, with a margin; at most ``max_duration_s``."""
+    need = max(min_gradients * tc / n, min_updates * tu)
+    return float(min(max_duration_s, warmup_s + margin * need + 1.0))
+
+
+def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
+    """Specs estimates of ``(T_c, T_u)`` per configuration (the plan of the durations)."""
+    from jaxsprint.runtime import compare
+
+    network = compare.network_cost(config)
+    out = {}
+    for name, hosts, lph, b, net_ms in grid:
+        tc, tu, _, _ = compare.spec_times(network, machine, learners_per_host=lph, num_hosts=hosts, sub_batch=b,
+                                          network_time_s=net_ms / 1e3)
+        out[name] = (tc, tu)
+    return out
+
+
+def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overrides: list[str],
+               timeout_s: float) -> dict:
+    """One run of experiments/run_sprint.py --json for a grid entry (two processes for two hosts).
+
+    Returns process 0's JSON. Raises RuntimeError when a process fails (with its last stderr line) or
+    outlives ``timeout_s`` (all are killed).
+    """
+    name, hosts, lph, b, net_ms = entry
+    os.makedirs(workdir, exist_ok=True)
+    args = [sys.executable, os.path.join(_HERE, "run_sprint.py"), "--json", f"--config={config_flags.get_config_filename(flags.FLAGS['config'])}",
+            *overrides, f"--config.sprint.learners_per_host={lph}", f"--config.sprint.sub_batch={b}",
+            f"--config.sprint.network_time_s={net_ms / 1e3}", f"--config.sprint.duration_s={duration_s}",
+            "--config.sprint.num_updates=0", "--config.sprint.num_epochs=0.0",
+            f"--config.sprint.warmup_s={warmup_s}", "--config.sprint.checkpoint=False",
+            "--config.sprint.eval_every_updates=0"]
+    if _MACHINE_FILE.value:
+        args.append(f"--machine_file={_MACHINE_FILE.value}")
+    else:
+        args.append(f"--machine={_MACHINE.value}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={lph}")
+    port = _free_port() if hosts > 1 else None
+    procs, files = [], []
+    try:
+        for p in range(hosts):
+            extra = [] if hosts == 1 else [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={hosts}",
+                                           f"--process_id={p}"]
+            out = open(os.path.join(workdir, f"stdout{p}.txt"), "w")
+            err = open(os.path.join(workdir, f"stderr{p}.txt"), "w")
+            files += [out, err]
+            procs.append(subprocess.Popen(args + [f"--workdir={workdir}"] + extra, stdout=out, stderr=err, env=env))
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"run {name} did not finish within --run_timeout_s={timeout_s} (stopped)") from None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for f in files:
+            f.close()
+    for p, proc in enumerate(procs):
+        if proc.returncode != 0:
+            with open(os.path.join(workdir, f"stderr{p}.txt")) as fh:
+                lines = [ln for ln in fh.read().strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"run {name} process {p} failed (exit {proc.returncode}): "
+                               f"{lines[-1] if lines else 'no message'}")
+    with open(os.path.join(workdir, "stdout0.txt")) as fh:
+        line = next((ln for ln in fh.read().splitlines() if ln.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"run {name} printed no JSON (see {workdir}/stdout0.txt)")
+    return json.loads(line)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    import numpy as np
+
+    v = [abs(x) for x in values if x is not None and math.isfinite(x)]
+    return float(np.percentile(v, q)) if v else math.nan
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Median and 90th percentile of each absolute error over the runs, from timings and from specs."""
+    out = {}
+    for source in ("timings", "specs"):
+        for _, key in _METRICS:
+            vals = [r[f"errors_from_{source}"][key] for r in rows if r.get(f"errors_from_{source}")]
+            out[f"{source}.{key}"] = {"median": _percentile(vals, 50), "p90": _percentile(vals, 90), "n": len(vals)}
+    return out
+
+
+def _csv_rows(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        m = r["measured"]
+        row = dict(name=r["name"], hosts=r["hosts"], learners_per_host=r["learners_per_host"], sub_batch=r["sub_batch"],
+                   network_ms=r["network_ms"], duration_s=r["duration_s"], t_compute_ms=1e3 * m["t_compute_s"],
+                   t_compute_cv=m["t_compute_cv"], t_update_ms=1e3 * m["t_update_s"], t_update_cv=m["t_update_cv"],
+                   ratio_tu_tc=m["t_update_s"] / m["t_compute_s"], gradients=m["gradients"], updates=m["updates"],
+                   in_flight=m["in_flight"], images_per_s=m["images_per_s"], eval_accuracy=r.get("eval_accuracy"))
+        for source in ("timings", "specs"):
+            errs = r.get(f"errors_from_{source}") or {}
+            for _, key in _METRICS:
+                row[f"{source}_{key}"] = errs.get(key)
+        out.append(row)
+    return out
+
+
+def _pct(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{100 * v:+.1f}%"
+
+
+def _tv(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.3f}"
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    """The per-configuration table and the summary (medians, 90th percentiles) in markdown."""
+    head = ("| config | T_c ms (cv) | T_u ms (cv) | T_u/T_c | grads | updates | source | epoch | mini-batch | "
+            "staleness | TV mini-batch | TV staleness |")
+    lines = [head, "|" + "---|" * 12]
+    for r, c in zip(rows, _csv_rows(rows)):
+        for source in ("timings", "specs"):
+            e = r.get(f"errors_from_{source}") or {}
+            lines.append(
+                f"| {r['name']} | {c['t_compute_ms']:.2f} ({c['t_compute_cv']:.2f}) | {c['t_update_ms']:.2f} "
+                f"({c['t_update_cv']:.2f}) | {c['ratio_tu_tc']:.3g} | {c['gradients']} | {c['updates']} | {source} | "
+                f"{_pct(e.get('epoch_time_rel_error'))} | {_pct(e.get('mean_minibatch_rel_error'))} | "
+                f"{_pct(e.get('mean_staleness_rel_error'))} | {_tv(e.get('minibatch_tv'))} | "
+                f"{_tv(e.get('staleness_tv'))} |")
+    lines += ["", "| source | statistic | " + " | ".join(label for label, _ in _METRICS) + " |", "|---|---|"
+              + "---|" * len(_METRICS)]
+    for source in ("timings", "specs"):
+        for stat in ("median", "p90"):
+            cells = []
+            for _, key in _METRICS:
+                v = summary[f"{source}.{key}"][stat]
+                cells.append(_tv(v) if key.endswith("_tv") else ("-" if not math.isfinite(v) else f"{100 * v:.1f}%"))
+            lines.append(f"| {source} | {stat} of the absolute values | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(path: str, rows: list[dict]) -> None:
+    """Absolute errors against T_u/T_c, one panel per statistic, from timings and from specs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(_METRICS), figsize=(4 * len(_METRICS), 3.6))
+    ratio = [r["measured"]["t_update_s"] / r["measured"]["t_compute_s"] for r in rows]
+    for ax, (label, key) in zip(axes, _METRICS):
+        for source, style in (("timings", dict(color="C1", marker="o")), ("specs", dict(color="C2", marker="s"))):
+            pts = [(x, abs(r[f"errors_from_{source}"][key])) for x, r in zip(ratio, rows)
+                   if r.get(f"errors_from_{source}") and r[f"errors_from_{source}"][key] is not None]
+            if pts:
+                ax.scatter(*zip(*pts), label=f"from {source}", s=18, **style)
+        ax.set_xscale("log")
+        ax.set_xlabel("measured T_u / T_c")
+        ax.set_title(label + (" (TV)" if key.endswith("_tv") else " (|relative error|)"), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ConfigError("arguments", argv[1:], "none besides flags")
+    check(bool(_OUT.value), "--out", _OUT.value, "an output folder is required")
+    for name in ("min_gradients", "min_updates"):
+        check(flags.FLAGS[name].value >= 1, f"--{name}", flags.FLAGS[name].value, "an integer >= 1")
+    check(math.isfinite(_WARMUP.value) and _WARMUP.value >= 0, "--warmup_s", _WARMUP.value, "a number >= 0")
+    check(_MAX_DUR.value > 0 and _TIMEOUT.value > 0, "--max_duration_s/--run_timeout_s",
+          (_MAX_DUR.value, _TIMEOUT.value), "numbers > 0")
+    grid = QUICK_GRID if _QUICK.value else GRID
+    names = [g[0] for g in grid]
+    for n in _ONLY.value:
+        check(n in names, "--only", n, f"names of the {'quick ' if _QUICK.value else ''}grid: {', '.join(names)}")
+    grid = [g for g in grid if not _ONLY.value or g[0] in _ONLY.value]
+    overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
+    from jaxsprint.perf import presets
+
+    machine = presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)
+    if _QUICK.value:
+        warmup = QUICK_WARMUP_S
+        plan = {g[0]: QUICK_DURATION_S for g in grid}
+        est = {}
+    else:
+        warmup = _WARMUP.value
+        est = _estimates(_CONFIG.value, grid, machine)
+        plan = {g[0]: plan_duration(*est[g[0]], g[1] * g[2], min_gradients=_MIN_GRAD.value,
+                                    min_updates=_MIN_UPD.value, warmup_s=warmup, max_duration_s=_MAX_DUR.value)
+                for g in grid}
+    total = sum(plan.values()) + _STARTUP_S * len(grid)
+    print(f"{len(grid)} runs, about {total / 60:.0f} minutes (run time {sum(plan.values()):.0f} s plus about "
+          f"{_STARTUP_S:.0f} s start-up each; a run that falls short is repeated once, longer)", flush=True)
+    for g in grid:
+        tc, tu = est.get(g[0], (math.nan, math.nan))
+        print(f"  {g[0]:18s} hosts {g[1]} x learners {g[2]}, sub-batch {g[3]:3d}, network {g[4]:3d} ms: "
+              f"{plan[g[0]]:6.1f} s (specs: T_c {1e3 * tc:.2f} ms, T_u {1e3 * tu:.2f} ms)", flush=True)
+    if _DRY.value:
+        return
+    os.makedirs(_OUT.value, exist_ok=True)
+    rows = []
+    min_grad = 1 if _QUICK.value else _MIN_GRAD.value
+    min_upd = 1 if _QUICK.value else _MIN_UPD.value
+    for g in grid:
+        duration = plan[g[0]]
+        for attempt in range(2):
+            t0 = time.monotonic()
+            res = run_config(g, os.path.join(_OUT.value, "runs", g[0]), duration_s=duration, warmup_s=warmup,
+                             overrides=overrides, timeout_s=_TIMEOUT.value)
+            m = res["measured"]
+            short = max(min_grad / max(m["gradients"], 1), min_upd / max(m["updates"], 1))
+            print(f"{g[0]}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
+                  f"(wall {time.monotonic() - t0:.0f} s), T_u/T_c {m['t_update_s'] / m['t_compute_s']:.3g}; "
+                  f"from timings: {json.dumps(res['errors_from_timings'])}", flush=True)
+            if short <= 1 or attempt == 1 or duration >= _MAX_DUR.value:
+                break
+            duration = min(_MAX_DUR.value, warmup + 1.3 * short * (duration - warmup) + 1.0)
+            print(f"{g[0]}: too short, again for {duration:.1f} s", flush=True)
+        rows.append(dict(name=g[0], hosts=g[1], learners_per_host=g[2], sub_batch=g[3], network_ms=g[4],
+                         duration_s=duration, **res))
+        with open(os.path.join(_OUT.value, "results.json"), "w") as fh:  # kept as it grows
+            json.dump({"runs": rows}, fh)
+    summary = summarize(rows)
+    with open(os.path.join(_OUT.value, "results.json"), "w") as fh:
+        json.dump({"runs": rows, "summary": summary, "overrides": overrides}, fh, indent=1)
+    table = _csv_rows(rows)
+    with open(os.path.join(_OUT.value, "results.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    md = markdown(rows, summary)
+    with open(os.path.join(_OUT.value, "summary.md"), "w") as fh:
+        fh.write(md + "\n")
+    plot(os.path.join(_OUT.value, "errors.png"), rows)
+    print(md)
+    print(f"wrote {_OUT.value}/results.json, results.csv, summary.md, errors.png")
+
+
+if __name__ == "__main__":
+    cli.run(main)
