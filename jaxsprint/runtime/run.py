@@ -236,7 +236,7 @@ def _events(config, updater: Updater, in_flight: list, col, num_hosts: int, data
         "grad_t_start": grads[:, 4].copy(), "grad_t_end": grads[:, 5].copy(),
         "update_version": ups[:, 0].astype(np.int64), "update_count": ups[:, 1].astype(np.int64),
         "update_t_start": ups[:, 2].copy(), "update_t_end": ups[:, 3].copy(),
-        "warmup_until_s": np.float64(s.warmup_s), "t_stop_s": np.float64(updater.t_stop),
+        "warmup_until_s": np.float64(s.warmup_s), "t_stop_s": np.float64(ups[-1, 3] if len(ups) else updater.t_stop),  # host 0's last publish
         "learners_per_host": np.int64(lph), "num_hosts": np.int64(num_hosts), "sub_batch": np.int64(s.sub_batch),
         "dataset_size": np.int64(dataset_size), "network_time_s": np.float64(s.network_time_s),
         "lockstep": np.int64(int(s.lockstep)),
