@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import datetime  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -131,6 +132,11 @@ def check_flags() -> dict[str, Any]:
         check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
     check(FLAGS.allreduce_timeout_s > 0, "--allreduce_timeout_s", FLAGS.allreduce_timeout_s, "a number > 0")
     check(0 <= FLAGS.holdout_fraction < 1, "--holdout_fraction", FLAGS.holdout_fraction, "a number >= 0 and < 1")
+    for name in ("loss_scale", "min_time_s"):
+        value = FLAGS[name].value
+        check(math.isfinite(value) and value > 0, f"--{name}", value, "a finite number > 0")
+    check(FLAGS.base in machines.PRESETS, "--base", FLAGS.base, f"one of {', '.join(machines.PRESETS)}")
+    cli.check_output_file("--out", FLAGS.out)
     return dict(base=machines.get(FLAGS.base), batches=_ints("batches", FLAGS.batches, 1),
                 holdout=set(_ints("holdout_batches", FLAGS.holdout_batches, 1)),
                 ranks=_ints("ranks", FLAGS.ranks, 2), sizes=_ints("allreduce_bytes", FLAGS.allreduce_bytes, 4),
@@ -232,13 +238,13 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
     # Before JAX starts its threads (see jaxsprint/cpu/hostmem.py); the steps run on one device.
+    cfg = check_flags()
     print(cpu.configure_host_memory(FLAGS.cpu_kernels), flush=True)
     all_cpus = None
     if not FLAGS.measurements and FLAGS.one_core and hasattr(os, "sched_setaffinity"):
         # One learner per core: JAX's threads, started after this, all share the first CPU.
         all_cpus = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {min(all_cpus)})
-    cfg = check_flags()
     if FLAGS.measurements:
         meas = presets.load_measurements(FLAGS.measurements, "--measurements")
     else:
