@@ -257,15 +257,29 @@ def plot(path: str, groups: dict[str, list[dict]]) -> None:
     plt.close(fig)
 
 
+# Upper bounds of the counts: each configuration is simulated (seconds each), and the speed test holds a few
+# float32 arrays of --speed_configs entries (10^8: a few GB).
+MAX_CONFIGS = 100_000
+MAX_SPEED_CONFIGS = 100_000_000
+
+
 def check_flags() -> None:
-    """Counts and budgets must be usable before anything runs."""
+    """Counts, budgets, the seed and the output paths must be usable before anything runs."""
+    for name in ("num_configs", "num_deterministic", "num_lognormal"):
+        check(0 <= FLAGS[name].value <= MAX_CONFIGS, f"--{name}", FLAGS[name].value,
+              f"an integer in [0, {MAX_CONFIGS:,}] (random configurations, each simulated)")
     check(FLAGS.num_configs + FLAGS.num_deterministic + FLAGS.num_lognormal > 0, "--num_configs",
           FLAGS.num_configs, "configurations to validate: --num_configs, --num_deterministic or --num_lognormal > 0")
-    for name in ("num_configs", "num_deterministic", "num_lognormal", "speed_configs"):
-        check(FLAGS[name].value >= 0, f"--{name}", FLAGS[name].value, "an integer >= 0")
+    check(0 <= FLAGS.speed_configs <= MAX_SPEED_CONFIGS, "--speed_configs", FLAGS.speed_configs,
+          f"an integer in [0, {MAX_SPEED_CONFIGS:,}] (0: no speed test)")
     for name in ("min_cycles", "min_gradients"):
         check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
-    check(FLAGS.event_budget > 0, "--event_budget", FLAGS.event_budget, "a number > 0")
+    check(math.isfinite(FLAGS.event_budget) and FLAGS.event_budget > 0, "--event_budget", FLAGS.event_budget,
+          "a finite number > 0")
+    check(0 <= FLAGS.seed < 2**31, "--seed", FLAGS.seed, "an integer in [0, 2^31)")
+    for name in ("out_json", "rows_json", "plot"):
+        if FLAGS[name].value:
+            cli.check_output_file(f"--{name}", FLAGS[name].value)
 
 
 def main(argv):
