@@ -60,7 +60,7 @@ __all__ = ["LR_RULES", "MAX_STALENESS", "PROXY_MODELS", "CACHE_VERSION", "Emulat
            "RunResult", "RunSpec", "load_proxy_data", "make_spec", "minibatch_pmf_from_counts",
            "updates_to_target"]
 
-PROXY_MODELS = ("mlp", "cnn")
+PROXY_MODELS = ("mlp", "cnn", "tiny_nobn")  # tiny_nobn: jaxsprint.models' TinyNet without BN (flax)
 LR_RULES = ("linear", "lr_tau", "none")
 MAX_STALENESS = 64          # ring buffer of the emulator: larger delays are lumped here by the model's pmf
 MAX_PROXY_MINIBATCH = 1024  # proxy mini-batches are clipped here (the draw's mass above is lumped)
@@ -135,7 +135,17 @@ def load_proxy_data(name: str, *, image_size: int = 8, data_dir: str | None = No
 # ----------------------------------------------------------------------------------------------
 
 
+def _flax(model: str, num_classes: int, width: int):
+    from jaxsprint import models  # only for the flax proxies
+
+    del width  # TinyNet's own width (8 and 16 channels, as the "cnn" proxy at width 64)
+    return models.create_model(model, num_classes=num_classes)
+
+
 def _init(model: str, key: jax.Array, image_size: int, channels: int, num_classes: int, width: int):
+    if model == "tiny_nobn":  # the same network the SPRINT runtime can train (config.model = "tiny_nobn")
+        net = _flax(model, num_classes, width)
+        return net.init(key, jnp.zeros((1, image_size, image_size, channels)), train=False)["params"]
     k1, k2, k3 = jax.random.split(key, 3)
     he = lambda k, shape, fan_in: jax.random.normal(k, shape) * jnp.sqrt(2.0 / fan_in)  # noqa: E731
     if model == "mlp":
@@ -147,7 +157,9 @@ def _init(model: str, key: jax.Array, image_size: int, channels: int, num_classe
             "w": he(k3, (c2, num_classes), c2) * 0.5, "b": jnp.zeros((num_classes,))}
 
 
-def _apply(model: str, params, x: jax.Array) -> jax.Array:
+def _apply(model: str, params, x: jax.Array, num_classes: int = 10, width: int = 64) -> jax.Array:
+    if model == "tiny_nobn":
+        return _flax(model, num_classes, width).apply({"params": params}, x, train=True)
     if model == "mlp":
         h = jax.nn.relu(x.reshape(x.shape[0], -1) @ params["w1"] + params["b1"])
         return h @ params["w2"] + params["b2"]
@@ -338,7 +350,7 @@ class Emulator:
                          optax.add_decayed_weights(self.weight_decay), optax.trace(decay=self.momentum))
 
         def loss_fn(params, x, y, w):
-            logits = _apply(model, params, x)
+            logits = _apply(model, params, x, d.num_classes, self.width)
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
             return jnp.sum(jnp.where(w > 0, w * ce, 0.0))  # unused slots stay 0 even when a run diverges
 
@@ -366,7 +378,7 @@ class Emulator:
             def chunk(carry, e):
                 ts = e * self.eval_every + jnp.arange(self.eval_every)
                 carry, _ = jax.lax.scan(step, carry, ts)
-                logits = _apply(model, carry[0], test_x)
+                logits = _apply(model, carry[0], test_x, d.num_classes, self.width)
                 return carry, jnp.mean(jnp.argmax(logits, -1) == test_y)
 
             _, acc = jax.lax.scan(chunk, (params, opt), jnp.arange(self.num_evals))
@@ -381,7 +393,7 @@ class Emulator:
         if key not in self._compiled:
             self._compiled[key] = self._build(bucket, spec.mitigation)
         mb = np.zeros(bucket + 1)
-        mb[:spec.minibatch_pmf.size] = spec.minibatch_pmf
+        mb[:spec.max_minibatch + 1] = spec.minibatch_pmf[:spec.max_minibatch + 1]  # trailing zeros dropped
         log = lambda p: jnp.log(jnp.asarray(p, jnp.float32))  # noqa: E731  (log 0 = -inf: never drawn)
         keys = jax.random.split(jax.random.key(seed), self.seeds)
         t0 = time.perf_counter()

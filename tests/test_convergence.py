@@ -143,3 +143,9 @@ def test_digits_at_8x8_reach_high_accuracy_synchronously():
     r = em.run(_spec(tau=0, m=32, lr=0.05))
     assert r.accuracy[:, -1].mean() > 0.93
     assert not math.isnan(cv.updates_to_target(r.updates, r.accuracy.mean(0), 0.9) or math.nan)
+
+
+def test_the_runtime_s_tiny_network_as_a_proxy():
+    em = cv.Emulator(_data(n=48), "tiny_nobn", seeds=1, max_updates=10, eval_every=10, min_bucket=8)
+    r = em.run(_spec(lr=0.1))
+    assert r.accuracy.shape == (1, 1) and np.isfinite(r.accuracy).all()
