@@ -74,6 +74,11 @@ flags.DEFINE_integer("search_starts", 8, "Starts of each gradient search.")
 flags.DEFINE_string("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "jaxsprint", "plan"),
                     "Cache of emulated runs ('' keeps nothing).")
 flags.DEFINE_integer("holdout", 0, "After the plan, emulate this many held-out cells and report the law's error.")
+flags.DEFINE_list("runtime_configs", None, "Instead of a plan: learners:sub_batch:network_time_s,... run on the "
+                  "SPRINT runtime here (tiny_nobn on digits at 8x8) and compared with the law's leave-one-out "
+                  "prediction from emulated runs under each configuration's measured pmfs.")
+flags.DEFINE_integer("runtime_updates", 600, "With --runtime_configs: updates per runtime run.")
+flags.DEFINE_string("runtime_workdir", None, "With --runtime_configs: where the runtime writes its runs.")
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
 flags.DEFINE_string("plot", None, "Write a PNG: epoch time against predicted time to accuracy.")
 
@@ -218,10 +223,48 @@ def plot(path: str, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def validate_runtime() -> dict[str, Any]:
+    """--runtime_configs: measured time to accuracy on the SPRINT runtime beside the law's prediction."""
+    from experiments.configs import sprint as sprint_config
+    from jaxsprint import convergence, planner, plan_runtime
+
+    if FLAGS.target_accuracy is None:
+        raise ConfigError("--target_accuracy", None, "a fraction in (0, 1]; the flag is required")
+    target = planner.check_target_accuracy(FLAGS.target_accuracy)
+    configs = plan_runtime.parse_configs(FLAGS.runtime_configs)
+    check(bool(FLAGS.runtime_workdir), "--runtime_workdir", FLAGS.runtime_workdir, "a directory for the runs")
+    base = sprint_config.get_config()
+    data = convergence.load_proxy_data("digits")
+    em = convergence.Emulator(data, "tiny_nobn", seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
+                              eval_every=FLAGS.eval_every, momentum=float(base.optimizer.momentum),
+                              weight_decay=float(base.optimizer.weight_decay))
+    cache = convergence.RunCache(FLAGS.cache_dir or None)
+    measured, cells = [], []
+    for n, b, t in configs:
+        cfg = plan_runtime.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
+                                          num_updates=FLAGS.runtime_updates, eval_every_updates=FLAGS.eval_every,
+                                          learning_rate=FLAGS.base_lr)
+        m = plan_runtime.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target)
+        spec = plan_runtime.emulated_spec(m, FLAGS.base_lr)
+        em.min_bucket = max(em.min_bucket, spec.max_minibatch)
+        measured.append(m)
+        cells.append(cache.run(em, spec))
+        if not FLAGS.json:
+            print(f"  {n} learners, sub-batch {b}, network {t:g} s: staleness {m['mean_staleness']:.3g}, mini-batch "
+                  f"{m['mean_minibatch']:.4g}, measured U {m['updates_to_target']}, time {m['time_to_accuracy_s']}",
+                  flush=True)
+    return plan_runtime.compare(measured, cells, target, em.max_updates)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
     from jaxsprint import planner
+
+    if FLAGS.runtime_configs:
+        out = validate_runtime()
+        print(json.dumps(out, default=float) if FLAGS.json else json.dumps(out, indent=1, default=float))
+        return
 
     t0 = time.time()
     setup = resolve()

@@ -1,0 +1,156 @@
+r"""The planner against the real SPRINT runtime: measured time to accuracy beside the predicted one.
+
+For each configuration ``(learners, sub-batch, emulated network time)`` on this machine:
+
+1. **Measure** (:func:`measure`): :func:`jaxsprint.runtime.run` trains the runtime's network (``tiny_nobn``
+   at 8x8 on digits, momentum SGD at a constant learning rate, evaluated every few updates); from its event
+   log (:func:`jaxsprint.runtime.events.statistics`) come the measured ``T_u``, mean mini-batch, mean
+   staleness and both pmfs; from its evaluation history the first published version whose test accuracy
+   reaches the target (interpolated), ``U_meas``; the measured time to accuracy is the publish time of that
+   version (the updater's clock), also reported as ``U_meas T_u``.
+2. **Emulate** (:func:`emulated_spec`): the same network in the emulator (:mod:`jaxsprint.convergence`,
+   proxy ``tiny_nobn``), with delays and mini-batches drawn from the runtime's *measured* pmfs and the same
+   learning rate.
+3. **Predict** (:func:`compare`): the law (:func:`jaxsprint.perf.plan.fit_law`) fitted to the emulated cells
+   of the OTHER configurations (leave one out), evaluated at this one's measured mean mini-batch and
+   staleness, times its measured ``T_u``. The planner's choice is the configuration with the smallest
+   prediction; it is compared with the measured fastest.
+
+This isolates the convergence half (law + emulator) from the timing model, whose own validation against the
+runtime is :mod:`jaxsprint.runtime.compare`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxsprint import convergence
+from jaxsprint.errors import ConfigError, check
+from jaxsprint.perf import plan as plan_lib
+
+__all__ = ["compare", "emulated_spec", "measure", "parse_configs", "runtime_config", "updates_from_history"]
+
+
+def parse_configs(text: Sequence[str]) -> list[tuple[int, int, float]]:
+    """``["learners:sub_batch:network_time_s", ...]`` -> tuples.
+
+    Raises:
+      ConfigError: naming ``--runtime_configs``.
+    """
+    out = []
+    for item in text:
+        try:
+            n, b, t = item.split(":")
+            cfg = (int(n), int(b), float(t))
+        except ValueError:
+            raise ConfigError("--runtime_configs", item, "learners:sub_batch:network_time_s, e.g. 4:16:0.01") from None
+        check(cfg[0] >= 1 and cfg[1] >= 1 and math.isfinite(cfg[2]) and cfg[2] >= 0, "--runtime_configs", item,
+              "learners >= 1, sub_batch >= 1, network_time_s >= 0")
+        out.append(cfg)
+    check(len(out) >= 2, "--runtime_configs", list(text), "at least two configurations (one is left out at a time)")
+    return out
+
+
+def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: float, num_updates: int,
+                   eval_every_updates: int, learning_rate: float, seed: int = 0) -> Any:
+    """A SPRINT config (``experiments/configs/sprint.py``) for one configuration of the comparison."""
+    c = copy.deepcopy(base)
+    with c.unlocked():
+        c.model, c.image_size, c.dataset = "tiny_nobn", 8, "digits"
+        c.lr.scaling, c.lr.schedule, c.lr.base, c.lr.warmup_epochs = "none", "constant", float(learning_rate), 0.0
+        s = c.sprint
+        s.learners_per_host, s.sub_batch, s.network_time_s = int(learners), int(sub_batch), float(network_time_s)
+        s.num_updates, s.duration_s, s.num_epochs = int(num_updates), 0.0, 0.0
+        s.eval_every_updates, s.seed, s.checkpoint = int(eval_every_updates), int(seed), False
+    return c
+
+
+def updates_from_history(history: Sequence[tuple[int, Mapping[str, float]]], target: float) -> float | None:
+    """First version at which the evaluated accuracy reaches ``target`` (interpolated), or None."""
+    if not history:
+        return None
+    v = np.asarray([h[0] for h in history], np.float64)
+    a = np.asarray([h[1]["accuracy"] for h in history], np.float64)
+    return convergence.updates_to_target(v, a, target)
+
+
+def _pmf_array(pmf: Mapping[Any, float], size: int | None = None) -> np.ndarray:
+    keys = [int(k) for k in pmf]
+    out = np.zeros((max(keys) + 1 if size is None else size))
+    for k, p in pmf.items():
+        out[min(int(k), out.size - 1)] += float(p)
+    return out / out.sum()
+
+
+def measure(config: Any, workdir: str, target_accuracy: float) -> dict[str, Any]:
+    """Runs the runtime on ``config``; its measured statistics and time to accuracy (module docstring)."""
+    from jaxsprint import runtime
+    from jaxsprint.runtime import events
+
+    res = runtime.run(config, workdir)
+    st = events.statistics(res.events)
+    u = updates_from_history(res.eval_history, target_accuracy)
+    t_end = np.asarray(res.events["update_t_end"], np.float64)
+    wall = None
+    if u is not None and t_end.size:
+        i = min(int(math.ceil(u)), t_end.size) - 1
+        wall = float(t_end[i])
+    keep = ("t_compute_s", "t_update_s", "mean_minibatch", "mean_staleness", "staleness_pmf", "minibatch_pmf",
+            "learners", "sub_batch", "network_time_s", "updates")
+    return {**{k: st[k] for k in keep}, "updates_to_target": u,
+            "time_to_accuracy_s": wall, "time_to_accuracy_from_updates_s": None if u is None else u * st["t_update_s"],
+            "final_accuracy": float(res.eval.get("accuracy", math.nan))}
+
+
+def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> convergence.RunSpec:
+    """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
+    stale = _pmf_array(measured["staleness_pmf"], convergence.MAX_STALENESS + 1)
+    mb = _pmf_array(measured["minibatch_pmf"])
+    return convergence.RunSpec(stale, mb, float(learning_rate), "none", float(measured["mean_minibatch"]),
+                               float(measured["mean_staleness"]))
+
+
+def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[convergence.RunResult | Any],
+            target_accuracy: float, max_updates: int) -> dict[str, Any]:
+    """Leave-one-out predictions of each configuration's time to accuracy against the measured ones.
+
+    Args:
+      measured: :func:`measure` of each configuration.
+      cells: The emulated :class:`~jaxsprint.convergence.RunResult` of each (same order).
+      target_accuracy: The target.
+      max_updates: The emulated runs' length (censoring).
+
+    Returns:
+      ``{"rows": [...], "median_abs_error": ..., "choice": ..., "measured_fastest": ..., "choice_within": ...}``.
+    """
+    from jaxsprint import planner
+
+    cs = [planner.cell_from_result(r, target_accuracy, max_updates) for r in cells]
+    rows = []
+    for i, m in enumerate(measured):
+        others = [j for j in range(len(measured)) if j != i]
+        row = {k: m[k] for k in ("learners", "sub_batch", "network_time_s", "t_update_s", "mean_minibatch",
+                                 "mean_staleness", "updates_to_target", "time_to_accuracy_s")}
+        row["emulated_updates"] = cs[i].updates
+        if any(not cs[j].censored for j in others):
+            fit = plan_lib.fit_law([measured[j]["mean_minibatch"] for j in others],
+                                   [measured[j]["mean_staleness"] for j in others],
+                                   [cs[j].log_updates for j in others], [cs[j].log_var for j in others],
+                                   [cs[j].censored for j in others])
+            u, lo, hi = (float(v[0]) for v in plan_lib.band(fit, m["mean_minibatch"], m["mean_staleness"]))
+            row.update(predicted_updates=u, predicted_time_to_accuracy_s=u * m["t_update_s"],
+                       predicted_time_low_s=lo * m["t_update_s"], predicted_time_high_s=hi * m["t_update_s"])
+            meas = m["time_to_accuracy_s"]
+            if meas:
+                row["relative_error"] = row["predicted_time_to_accuracy_s"] / meas - 1.0
+        rows.append(row)
+    errs = [abs(r["relative_error"]) for r in rows if "relative_error" in r]
+    pred = [r.get("predicted_time_to_accuracy_s", math.inf) for r in rows]
+    meas = [r["time_to_accuracy_s"] or math.inf for r in rows]
+    choice, fastest = int(np.argmin(pred)), int(np.argmin(meas))
+    within = meas[choice] / meas[fastest] - 1.0 if math.isfinite(meas[fastest]) else None
+    return {"rows": rows, "median_abs_error": float(np.median(errs)) if errs else None, "choice": choice,
+            "measured_fastest": fastest, "choice_slower_than_fastest_by": within}

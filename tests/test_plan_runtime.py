@@ -1,0 +1,50 @@
+"""Tests of jaxsprint.plan_runtime's bookkeeping (the runtime runs themselves are the launcher's slow mode)."""
+import math
+
+import numpy as np
+import pytest
+
+from jaxsprint import convergence, plan_runtime
+from jaxsprint.errors import ConfigError
+from jaxsprint.perf import plan
+
+TRUE = np.array([math.log(60.0), math.log(1.0), math.log(0.02), math.log(2.0), 1.0])
+
+
+def test_parse_configs():
+    assert plan_runtime.parse_configs(["4:16:0.01", "1:8:0"]) == [(4, 16, 0.01), (1, 8, 0.0)]
+    for bad in (["4:16"], ["0:16:0", "1:1:0"], ["4:16:-1", "1:1:0"], ["4:16:0"]):
+        with pytest.raises(ConfigError, match="--runtime_configs"):
+            plan_runtime.parse_configs(bad)
+
+
+def test_updates_from_history():
+    hist = [(10, {"accuracy": 0.5}), (20, {"accuracy": 0.9})]
+    assert plan_runtime.updates_from_history(hist, 0.7) == pytest.approx(15.0)
+    assert plan_runtime.updates_from_history(hist, 0.95) is None
+    assert plan_runtime.updates_from_history([], 0.5) is None
+
+
+def test_emulated_spec_reads_the_measured_pmfs():
+    m = {"staleness_pmf": {1: 0.25, 2: 0.75}, "minibatch_pmf": {16: 0.5, 32: 0.5}, "mean_minibatch": 24.0,
+         "mean_staleness": 1.75}
+    s = plan_runtime.emulated_spec(m, 0.1)
+    assert s.staleness_pmf.size == convergence.MAX_STALENESS + 1 and s.staleness_pmf[2] == pytest.approx(0.75)
+    assert s.max_minibatch == 32 and s.minibatch_pmf[16] == pytest.approx(0.5)
+
+
+def test_compare_leave_one_out_on_a_known_law():
+    rng = np.random.default_rng(0)
+    measured, cells = [], []
+    for b, tau in [(16, 1.2), (32, 2.0), (64, 1.5), (32, 4.0), (16, 6.0), (64, 3.0)]:
+        u = math.exp(float(plan.law_log_updates(TRUE, b, tau, 64.0)))
+        t_u = 0.01 * rng.uniform(0.5, 2.0)
+        measured.append(dict(learners=1, sub_batch=b, network_time_s=0.0, t_update_s=t_u, mean_minibatch=b,
+                             mean_staleness=tau, updates_to_target=u, time_to_accuracy_s=u * t_u))
+        upd = np.arange(1, 201, dtype=np.float64) * 20
+        acc = np.minimum(0.9 * upd / u, 1.0)
+        cells.append(convergence.RunResult(upd, np.stack([acc, acc])))
+    out = plan_runtime.compare(measured, cells, 0.9, 4000)
+    assert len(out["rows"]) == 6
+    assert out["median_abs_error"] is not None and out["median_abs_error"] < 0.15
+    assert out["choice_slower_than_fastest_by"] is not None and out["choice_slower_than_fastest_by"] < 0.10
