@@ -44,6 +44,9 @@ def _pow2(x: float) -> int:
     return int(2 ** math.ceil(math.log2(max(x, 8.0))))
 
 
+_DEFAULT_WINDOWS = dict(learner_size=128, count_size=4096, staleness_size=1024)  # of sprint.distributions
+
+
 def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float) -> dict[str, int]:
     """Static pmf windows of :func:`jaxsprint.perf.sprint.distributions`, widened for updater jitter.
 
@@ -55,6 +58,9 @@ def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float) -> dict[
 
     kw = dict(update_cv=update_cv) if _accepts(sprint.suggest_windows, "update_cv") else {}
     sizes = dict(sprint.suggest_windows(n, tc, tu, cv, **kw))
+    # At least the model's default windows: most configurations then share one compilation.
+    for name, size in _DEFAULT_WINDOWS.items():
+        sizes[name] = max(sizes[name], size)
     r, q = tu / tc, tc / tu
     sizes["learner_size"] = max(sizes["learner_size"], _pow2(20.0 * r * update_cv + 8))
     sizes["count_size"] = max(sizes["count_size"], _pow2(16.0 * n * r * update_cv + 16))

@@ -318,7 +318,7 @@ def simulate_log(learners_per_host: int, t_compute_s: float, t_update_s: float, 
     for i in range(n):
         t = rng.random() * t_compute_s
         per = int(duration_s / t_compute_s + 6.0 * cv * math.sqrt(duration_s / t_compute_s + 1) + 3)
-        starts, ends = [], []
+        starts, ends = [np.zeros(0)], [np.zeros(0)]
         while t < duration_s:
             d = _gamma(rng, t_compute_s, cv, per)
             e = t + np.cumsum(d)

@@ -1,0 +1,112 @@
+"""Tests of jaxsprint.runtime.compare: TV, errors, predictions from timings (against simulated logs), specs."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxsprint.errors import ConfigError
+from jaxsprint.perf import machines, sprint, zoo
+from jaxsprint.runtime import compare, events
+
+
+def test_tv_distance():
+    assert compare.tv_distance({1: 0.5, 2: 0.5}, {1: 0.5, 2: 0.5}) == 0.0
+    assert compare.tv_distance({1: 1.0}, {2: 1.0}) == 1.0
+    assert compare.tv_distance({"1": 0.25, "2": 0.75}, {1: 0.5, 3: 0.5}) == pytest.approx(0.75)
+    assert compare.tv_distance({1: 2.0, 2: 2.0}, {1: 0.5, 2: 0.5}) == 0.0  # normalised first
+    assert math.isnan(compare.tv_distance({}, {1: 1.0}))
+
+
+def test_compare_gives_signed_relative_errors_and_tvs():
+    measured = dict(epoch_time_s=10.0, mean_minibatch=40.0, mean_staleness=2.0, minibatch_pmf={32: 0.5, 48: 0.5},
+                    staleness_pmf={1: 0.5, 2: 0.5})
+    predicted = dict(epoch_time_s=11.0, mean_minibatch=36.0, mean_staleness=2.0, minibatch_pmf={32: 1.0},
+                     staleness_pmf={"1": 0.5, "2": 0.5})
+    e = compare.compare(measured, predicted)
+    assert set(e) == set(compare.ERROR_KEYS)
+    assert e["epoch_time_rel_error"] == pytest.approx(0.1)
+    assert e["mean_minibatch_rel_error"] == pytest.approx(-0.1)
+    assert e["mean_staleness_rel_error"] == 0.0
+    assert e["minibatch_tv"] == pytest.approx(0.5) and e["staleness_tv"] == 0.0
+
+
+def test_predict_is_the_model():
+    p = compare.predict(4, 0.02, 0.035, 0.3, sub_batch=32, dataset_size=1500)
+    assert p["epoch_time_s"] == pytest.approx(1500 * 0.02 / (4 * 32))
+    assert p["mean_minibatch"] == pytest.approx(32 * 4 * 0.035 / 0.02, rel=1e-5)
+    assert p["mean_staleness"] == pytest.approx(0.02 / 0.035 + 1, rel=1e-5)
+    for key, scale in (("minibatch_pmf", 32), ("count_pmf", 1), ("staleness_pmf", 1)):
+        assert sum(p[key].values()) == pytest.approx(1.0)
+        assert all(isinstance(k, int) and k % scale == 0 for k in p[key])
+    # Little's law: (E[S] - 1) E[B] = N N_sub.
+    assert (p["mean_staleness"] - 1) * p["mean_minibatch"] == pytest.approx(4 * 32, rel=1e-4)
+
+
+def test_predict_refuses_bad_timings():
+    with pytest.raises(ConfigError, match="invalid t_update="):
+        compare.predict(2, 0.01, 0.0, sub_batch=8, dataset_size=100)
+    stats = events.statistics(events.simulate_log(1, 1.0, 0.5, duration_s=0.4))  # no complete update cycle
+    with pytest.raises(ConfigError, match="run is too short"):
+        compare.predict_from_timings(stats)
+
+
+@pytest.mark.parametrize("n,tu,cv,ucv", [(4, 0.37, 0.3, 0.0), (3, 1.7, 0.2, 0.0), (4, 0.37, 0.3, 0.5)])
+def test_predictions_from_timings_of_simulated_runs_are_near_exact(n, tu, cv, ucv):
+    if ucv and "update_cv" not in compare.inspect.signature(sprint.distributions).parameters:
+        pytest.skip("the model has no updater jitter (update_cv)")
+    ev = events.simulate_log(n, 1.0, tu, cv, ucv, duration_s=20_000 * max(tu, 1.0 / n), warmup_s=5.0, sub_batch=8,
+                             dataset_size=5000, seed=4)
+    stats = events.statistics(ev)
+    e = compare.compare(stats, compare.predict_from_timings(stats))
+    assert abs(e["epoch_time_rel_error"]) < 0.02
+    assert abs(e["mean_minibatch_rel_error"]) < 0.02
+    assert abs(e["mean_staleness_rel_error"]) < 0.02
+    assert e["minibatch_tv"] < 0.03 and e["staleness_tv"] < 0.03
+
+
+def test_updater_jitter_matters_when_the_model_has_it():
+    if "update_cv" not in compare.inspect.signature(sprint.distributions).parameters:
+        pytest.skip("the model has no updater jitter (update_cv)")
+    ev = events.simulate_log(4, 1.0, 0.37, 0.3, 0.5, duration_s=5000.0, warmup_s=5.0, sub_batch=8, seed=5)
+    stats = events.statistics(ev)
+    with_jitter = compare.compare(stats, compare.predict_from_timings(stats))
+    without = compare.compare(stats, compare.predict_from_timings(stats, use_update_cv=False))
+    assert with_jitter["minibatch_tv"] < without["minibatch_tv"] / 2
+
+
+class _Sprint(dict):
+    __getattr__ = dict.__getitem__
+
+
+def test_predict_from_specs_uses_the_spec_times():
+    network = zoo.resnet_cifar(1)
+    machine = machines.get("cpu_runtime")
+    config = _Sprint(sprint=_Sprint(learners_per_host=None, sub_batch=32, network_time_s=0.02))
+    p = compare.predict_from_specs(machine, network, config, num_hosts=2, learners_per_host=3, dataset_size=1500)
+    tc, tu, cv, ucv = compare.spec_times(network, machine, learners_per_host=3, num_hosts=2, sub_batch=32,
+                                         network_time_s=0.02)
+    assert (p["t_compute_s"], p["t_update_s"], p["t_compute_cv"], p["t_update_cv"]) == (tc, tu, cv, ucv)
+    assert tu > 0.02  # the emulated network time is part of the updater cycle
+    assert p["epoch_time_s"] == pytest.approx(1500 * tc / (6 * 32), rel=1e-6)
+    with pytest.raises(ConfigError, match="invalid learners_per_host=None"):
+        compare.predict_from_specs(machine, network, config, dataset_size=1500)
+
+
+def test_report_is_json_with_string_keys_and_no_nan():
+    stats = events.statistics(events.simulate_log(2, 0.01, 0.02, 0.3, duration_s=5.0, warmup_s=0.5, sub_batch=4))
+    pred = compare.predict_from_timings(stats)
+    out = compare.report(stats, {"timings": pred, "specs": None})
+    text = json.dumps(out, allow_nan=False)
+    back = json.loads(text)
+    assert back["predicted_from_specs"] is None and back["errors_from_specs"] is None
+    for part in ("measured", "predicted_from_timings"):
+        for key in compare.REPORT_KEYS:
+            assert key in back[part]
+        assert all(isinstance(k, str) for k in back[part]["minibatch_pmf"])
+        assert sum(back[part]["staleness_pmf"].values()) == pytest.approx(1.0)
+    for key in compare.MEASURED_KEYS:
+        assert key in back["measured"]
+    assert compare.jsonable({"x": np.float64("nan"), 3: np.int64(2)}) == {"x": None, "3": 2}
+    table = compare.format_table(stats, {"timings": pred, "specs": None})
+    assert "mean staleness" in table and "TV mini-batch" in table
