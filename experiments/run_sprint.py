@@ -87,6 +87,18 @@ def _initialize_distributed(config) -> None:
         jax.distributed.initialize()
 
 
+def _check_machine() -> None:
+    """Refuses a bad --machine/--machine_file without building it (a Machine holds jax arrays, and nothing may
+    start JAX's backend before ``jax.distributed.initialize``)."""
+    from jaxsprint.perf import machines
+
+    if _MACHINE_FILE.value:
+        check(os.path.isfile(_MACHINE_FILE.value), "--machine_file", _MACHINE_FILE.value,
+              "a preset file written by experiments/calibrate.py")
+    else:
+        check(_MACHINE.value in machines.PRESETS, "machine", _MACHINE.value, f"one of {', '.join(machines.PRESETS)}")
+
+
 def _machine():
     from jaxsprint.perf import presets
 
@@ -97,13 +109,15 @@ def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
     _check_flags()
-    machine = _machine() if _SPECS.value and _CONFIG.value is not None else None  # refused before any run
+    specs = _SPECS.value and _CONFIG.value is not None
+    if specs:
+        _check_machine()
     from jaxsprint.runtime import compare, events
 
     config = _CONFIG.value
-    eval_accuracy = None
-    process_index = 0
+    eval_accuracy, machine, process_index = None, None, 0
     if _EVENTS.value is not None:
+        machine = _machine() if specs else None
         log = events.load(_EVENTS.value)
         summary = os.path.join(os.path.dirname(os.path.abspath(_EVENTS.value)), "summary.json")
         if os.path.exists(summary):
@@ -119,6 +133,7 @@ def main(argv):
         import jax
 
         runtime.validate_config(config, jax.local_device_count())  # before anything is written
+        machine = _machine() if specs else None  # a bad preset file is refused before the run too
         logging.info(print_info)
         result = runtime.run(config, _WORKDIR.value)
         log, process_index = result.events, result.process_index

@@ -155,20 +155,14 @@ def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overr
     return json.loads(line)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    import numpy as np
-
-    v = [abs(x) for x in values if x is not None and math.isfinite(x)]
-    return float(np.percentile(v, q)) if v else math.nan
-
-
 def summarize(rows: list[dict]) -> dict:
     """Median and 90th percentile of each absolute error over the runs, from timings and from specs."""
+    from jaxsprint.runtime import compare
+
     out = {}
     for source in ("timings", "specs"):
-        for _, key in _METRICS:
-            vals = [r[f"errors_from_{source}"][key] for r in rows if r.get(f"errors_from_{source}")]
-            out[f"{source}.{key}"] = {"median": _percentile(vals, 50), "p90": _percentile(vals, 90), "n": len(vals)}
+        for key, stats in compare.summarize_errors([r.get(f"errors_from_{source}") for r in rows]).items():
+            out[f"{source}.{key}"] = stats
     return out
 
 
@@ -285,15 +279,21 @@ def main(argv):
     if _DRY.value:
         return
     os.makedirs(_OUT.value, exist_ok=True)
-    rows = []
+    rows, failures = [], []
     min_grad = 1 if _QUICK.value else _MIN_GRAD.value
     min_upd = 1 if _QUICK.value else _MIN_UPD.value
     for g in grid:
         duration = plan[g[0]]
+        res = None
         for attempt in range(2):
             t0 = time.monotonic()
-            res = run_config(g, os.path.join(_OUT.value, "runs", g[0]), duration_s=duration, warmup_s=warmup,
-                             overrides=overrides, timeout_s=_TIMEOUT.value)
+            try:
+                res = run_config(g, os.path.join(_OUT.value, "runs", g[0]), duration_s=duration, warmup_s=warmup,
+                                 overrides=overrides, timeout_s=_TIMEOUT.value)
+            except RuntimeError as e:  # one failed configuration does not end the grid; it is reported
+                print(f"{g[0]}: FAILED: {e}", flush=True)
+                failures.append({"name": g[0], "error": str(e)})
+                break
             m = res["measured"]
             short = max(min_grad / max(m["gradients"], 1), min_upd / max(m["updates"], 1))
             print(f"{g[0]}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
@@ -303,13 +303,17 @@ def main(argv):
                 break
             duration = min(_MAX_DUR.value, warmup + 1.3 * short * (duration - warmup) + 1.0)
             print(f"{g[0]}: too short, again for {duration:.1f} s", flush=True)
-        rows.append(dict(name=g[0], hosts=g[1], learners_per_host=g[2], sub_batch=g[3], network_ms=g[4],
-                         duration_s=duration, **res))
+        if res is not None:
+            rows.append(dict(name=g[0], hosts=g[1], learners_per_host=g[2], sub_batch=g[3], network_ms=g[4],
+                             duration_s=duration, **res))
         with open(os.path.join(_OUT.value, "results.json"), "w") as fh:  # kept as it grows
-            json.dump({"runs": rows}, fh)
+            json.dump({"runs": rows, "failures": failures}, fh)
+    if not rows:
+        raise ConfigError("grid", [f["name"] for f in failures], f"runs that work: every run failed, the first "
+                                                                 f"with {failures[0]['error']}")
     summary = summarize(rows)
     with open(os.path.join(_OUT.value, "results.json"), "w") as fh:
-        json.dump({"runs": rows, "summary": summary, "overrides": overrides}, fh, indent=1)
+        json.dump({"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}, fh, indent=1)
     table = _csv_rows(rows)
     with open(os.path.join(_OUT.value, "results.csv"), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(table[0]))
@@ -320,7 +324,11 @@ def main(argv):
         fh.write(md + "\n")
     plot(os.path.join(_OUT.value, "errors.png"), rows)
     print(md)
+    for f in failures:
+        print(f"FAILED {f['name']}: {f['error']}")
     print(f"wrote {_OUT.value}/results.json, results.csv, summary.md, errors.png")
+    if failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,14 @@ def test_report_is_json_with_string_keys_and_no_nan():
     assert compare.jsonable({"x": np.float64("nan"), 3: np.int64(2)}) == {"x": None, "3": 2}
     table = compare.format_table(stats, {"timings": pred, "specs": None})
     assert "mean staleness" in table and "TV mini-batch" in table
+
+
+def test_summarize_errors_takes_absolute_values_and_skips_missing_runs():
+    errs = [dict(zip(compare.ERROR_KEYS, (0.1, -0.2, 0.0, 0.05, 0.5))),
+            dict(zip(compare.ERROR_KEYS, (-0.3, 0.2, math.nan, 0.15, 0.1))), None]
+    s = compare.summarize_errors(errs)
+    assert s["epoch_time_rel_error"] == {"median": pytest.approx(0.2), "p90": pytest.approx(0.28), "n": 2}
+    assert s["mean_minibatch_rel_error"]["median"] == pytest.approx(0.2)
+    assert s["mean_staleness_rel_error"]["n"] == 1
+    assert s["staleness_tv"]["p90"] == pytest.approx(0.46)
+    assert math.isnan(compare.summarize_errors([None])["minibatch_tv"]["median"])

@@ -26,7 +26,8 @@ import numpy as np
 from jaxsprint.errors import ConfigError
 
 __all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
-           "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "tv_distance"]
+           "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "summarize_errors",
+           "tv_distance"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
               "staleness_tv")
@@ -360,3 +361,20 @@ def plot(path: str, measured: Mapping[str, Any], predictions: Mapping[str, Mappi
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def summarize_errors(errors: list[Mapping[str, float] | None]) -> dict[str, dict[str, float]]:
+    """Median and 90th percentile of the ABSOLUTE value of each of :data:`ERROR_KEYS` over runs.
+
+    Args:
+      errors: :func:`compare` dicts (None entries and NaN values are left out).
+
+    Returns:
+      ``{key: {"median": ..., "p90": ..., "n": runs counted}}`` (NaN where no run counts).
+    """
+    out = {}
+    for key in ERROR_KEYS:
+        v = [abs(e[key]) for e in errors if e is not None and e.get(key) is not None and math.isfinite(e[key])]
+        out[key] = {"median": float(np.percentile(v, 50)) if v else math.nan,
+                    "p90": float(np.percentile(v, 90)) if v else math.nan, "n": len(v)}
+    return out

@@ -1,0 +1,53 @@
+"""experiments/validate_runtime.py: the --quick grid end to end (slow: real runs, two of them on two processes),
+and bad flags (exit 2, one line, nothing written)."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "validate_runtime.py")
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+@pytest.mark.slow
+def test_quick_grid_writes_the_tables_and_the_plot(tmp_path):
+    out = tmp_path / "vr"
+    r = _run(f"--out={out}", "--quick", timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert [run["name"] for run in data["runs"]] == ["quick_h1_l2", "quick_h2_l1"]
+    assert data["failures"] == []
+    for run in data["runs"]:
+        assert run["measured"]["gradients"] > 0 and run["measured"]["num_hosts"] == run["hosts"]
+        for source in ("timings", "specs"):
+            assert set(run[f"errors_from_{source}"]) >= {"epoch_time_rel_error", "minibatch_tv", "staleness_tv"}
+    for source in ("timings", "specs"):
+        s = data["summary"][f"{source}.mean_staleness_rel_error"]
+        assert s["n"] == 2 and 0 <= s["median"] <= s["p90"]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 2 and "timings_minibatch_tv" in rows[0]
+    assert "| timings | median" in (out / "summary.md").read_text()
+    assert (out / "errors.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "error: invalid --out=None"),
+    (["--only=nope"], "error: invalid --only='nope'"),
+    (["--min_gradients=0"], "error: invalid --min_gradients=0"),
+    (["--machine=nope"], "error: invalid machine='nope'"),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, args, message):
+    out = tmp_path / "vr"
+    r = _run(*([f"--out={out}"] if args else []), "--quick", *args)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not out.exists()
