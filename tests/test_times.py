@@ -96,3 +96,10 @@ def test_runtime_times_by_their_formulas():
     # Differentiable in the new figures (the search and sensitivities take gradients).
     g = jax.grad(lambda a: times.runtime_compute_time_s(net, mc.with_figures(m, learner_contention=a), 32.0, 8))(1.5)
     assert float(g) == pytest.approx(t8 * np.log(4.0), rel=1e-4)
+
+
+def test_smooth_max_has_a_finite_gradient_where_both_are_zero():
+    # A two-row XLA table has passes of zero cost; their roofline must not turn the fit's gradient into NaN.
+    ga, gb = jax.grad(lambda x, y: times.smooth_max(x, y), argnums=(0, 1))(0.0, 0.0)
+    assert np.isfinite(float(ga)) and np.isfinite(float(gb))
+    assert float(times.smooth_max(0.0, 0.0)) < 1e-15

@@ -432,7 +432,7 @@ CPU_RUNTIME_FITTED = False
 CPU_RUNTIME_CALIBRATION = dict(
     efficiency_fwd=0.5, half_efficiency_batch=4.0, step_overhead_s=1e-3,
     learner_overhead_s=1e-3, learner_contention=1.0, updater_overhead_s=1e-3, updater_contention=1.0,
-    host_memory_bandwidth_bytes_per_s=10e9, network_latency_s=5e-4, network_bandwidth_bytes_per_s=1e9,
+    network_latency_s=5e-4, network_bandwidth_bytes_per_s=1e9,
     learner_cv=0.3, updater_cv=0.5)
 
 

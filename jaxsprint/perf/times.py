@@ -60,11 +60,14 @@ def smooth_max(a: jax.Array, b: jax.Array, eps: float = SMOOTH_MAX_EPS) -> jax.A
     """Smooth maximum ``(a + b + sqrt((a - b)^2 + eps^2 (a + b)^2)) / 2`` of non-negative values.
 
     Exceeds ``max(a, b)`` by at most ``eps / 2 (a + b)``, i.e. a relative ``eps`` at the corner ``a = b``
-    and less away from it; it is differentiable everywhere
+    and less away from it (plus 5e-16 s, a floor that keeps the derivative finite at ``a = b = 0``); it is
+    differentiable everywhere
     (both arguments get gradient near the corner) and costs one square root.
     """
     s = a + b
-    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (eps * s) ** 2))
+    # The tiny floor keeps the derivative finite where both are 0 (a pass a table row does not have, as in
+    # the two-row XLA tables): sqrt'(0) is infinite and would turn the whole gradient into NaN.
+    return 0.5 * (s + jnp.sqrt((a - b) ** 2 + (eps * s) ** 2 + 1e-30))
 
 
 def _slowdown(log_size: jax.Array, known: jax.Array, half: jax.Array,

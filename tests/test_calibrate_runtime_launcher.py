@@ -1,0 +1,42 @@
+"""experiments/calibrate_runtime.py: --fit_only on stored measurements (a synthetic set) writes the fit, every
+figure and the preset block; bad flags exit 2 before anything is measured."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses that start JAX and build the network's cost table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "experiments", "calibrate_runtime.py")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, LAUNCHER, "--config.model=tiny", *args], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=ROOT)
+
+
+def test_fit_only_refits_stored_measurements(tmp_path):
+    runs = [dict(learners_per_host=n, hosts=1, sub_batch=32, network_time_s=nt, t_compute_s=0.01 * max(1, n / 2) ** 1.2,
+                 t_compute_cv=0.3, t_update_s=nt + 1e-3 * max(1, n / 2), t_update_cv=0.5)
+            for n in (1, 2, 4, 8) for nt in (0.0, 0.02)]
+    meas = dict(gradient_steps=[dict(sub_batch=b, measured_s=1e-3 + 1e-4 * b) for b in (8, 16, 32, 64)], runs=runs,
+                allreduces=[dict(bytes=1e4, ranks=2, measured_s=5e-4), dict(bytes=1e6, ranks=2, measured_s=2e-3)])
+    out = tmp_path / "cal.json"
+    out.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
+    r = _run(f"--out={out}", "--fit_only")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CPU_RUNTIME_FITTED = True" in r.stdout and "learner_contention=" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["measurements"] == meas and data["fit"]["compute"]["n"] == len(runs)
+    assert 1.0 < data["figures"]["learner_contention"] < 1.4  # the runs were made with 1.2 (plus overheads)
+
+
+def test_bad_flags_exit_2(tmp_path):
+    r = _run(f"--out={tmp_path / 'x.json'}", "--learners=0")
+    assert r.returncode == 2 and "error: invalid --learners='0'" in r.stderr
+    assert not os.path.exists(tmp_path / "x.json")
+    r = _run(f"--out={tmp_path / 'missing.json'}", "--fit_only")
+    assert r.returncode == 2 and "error: invalid --out=" in r.stderr
