@@ -29,7 +29,7 @@ the first measurement that crosses the target); ``None`` when the run never reac
 length). Per-seed crossings give the seed spread.
 
 **Cache** (:class:`RunCache`): one JSON file per run, named by the SHA-256 of everything the run depends on
-(data, proxy, optimizer, run length, seeds, the two pmfs rounded to 1e-7 and the learning rate), so a run is
+(data, proxy, optimizer, run length, seeds, the two pmfs rounded to 1e-5 and the learning rate), so a run is
 never trained twice and a changed statistic of one candidate invalidates only its own entry.
 
 References:
@@ -64,7 +64,7 @@ PROXY_MODELS = ("mlp", "cnn", "tiny_nobn")  # tiny_nobn: jaxsprint.models' TinyN
 LR_RULES = ("linear", "lr_tau", "none")
 MAX_STALENESS = 64          # ring buffer of the emulator: larger delays are lumped here by the model's pmf
 MAX_PROXY_MINIBATCH = 1024  # proxy mini-batches are clipped here (the draw's mass above is lumped)
-CACHE_VERSION = 1           # bump when a change to the emulation changes its results
+CACHE_VERSION = 2           # bump when a change to the emulation changes its results
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,9 +201,11 @@ class RunSpec:
 
     def key_fields(self) -> dict[str, Any]:
         """The fields a run depends on, rounded so that float noise does not change the key."""
-        r = lambda p: [round(float(v), 7) for v in np.trim_zeros(np.asarray(p, np.float64), "b")]  # noqa: E731
+        # Rounded to 1e-5 (and the rate to 5 digits): the model's float32 pmfs (an FFT) may differ in the last
+        # bits between processes, which must not make a new run; a real change of a statistic moves far more.
+        r = lambda p: [round(float(v), 5) for v in np.trim_zeros(np.round(np.asarray(p, np.float64), 5), "b")]  # noqa: E731
         return {"staleness_pmf": r(self.staleness_pmf), "minibatch_pmf": r(self.minibatch_pmf),
-                "learning_rate": float(f"{self.learning_rate:.7g}"), "mitigation": self.mitigation}
+                "learning_rate": float(f"{self.learning_rate:.5g}"), "mitigation": self.mitigation}
 
 
 def minibatch_pmf_from_counts(count_pmf: np.ndarray, sub_batch: int, scale: float,

@@ -65,6 +65,7 @@ def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: 
         s.learners_per_host, s.sub_batch, s.network_time_s = int(learners), int(sub_batch), float(network_time_s)
         s.num_updates, s.duration_s, s.num_epochs = int(num_updates), 0.0, 0.0
         s.eval_every_updates, s.seed, s.checkpoint = int(eval_every_updates), int(seed), False
+        s.warmup_s = 0.0  # every update counts: the statistics must describe the whole run to the target
     return c
 
 
@@ -107,6 +108,8 @@ def measure(config: Any, workdir: str, target_accuracy: float) -> dict[str, Any]
 
 def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> convergence.RunSpec:
     """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
+    check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "--runtime_updates",
+          measured.get("updates"), "enough updates for measured statistics (the run recorded none)")
     stale = _pmf_array(measured["staleness_pmf"], convergence.MAX_STALENESS + 1)
     mb = _pmf_array(measured["minibatch_pmf"])
     return convergence.RunSpec(stale, mb, float(learning_rate), "none", float(measured["mean_minibatch"]),
