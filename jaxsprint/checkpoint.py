@@ -108,9 +108,12 @@ def _hint(paths) -> str:
 
 def describe_mismatch(saved: dict, expected: dict, limit: int = 3) -> str | None:
     """What differs between two ``{path: (shape, dtype)}`` tables (None: they match)."""
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
-    changed = sorted(p for p in set(saved) & set(expected) if saved[p] != expected[p])
+    def order(p):  # the parameters first, then the rest of the state, then the extras
+        return (not p.startswith("state/params/"), not p.startswith("state/"), p)
+
+    missing = sorted(set(expected) - set(saved), key=order)
+    unexpected = sorted(set(saved) - set(expected), key=order)
+    changed = sorted((p for p in set(saved) & set(expected) if saved[p] != expected[p]), key=order)
     if not (missing or unexpected or changed):
         return None
 
@@ -139,17 +142,35 @@ class _Unreadable(Exception):
     """A step whose files cannot be read (the reason is the message)."""
 
 
+def _read_every_chunk(path: epath.Path) -> None:
+    """Reads every entry of the item's OCDBT store, one after the other.
+
+    orbax reads a checkpoint's arrays concurrently; when one read fails it raises and closes its event loop,
+    and the reads still in flight then print "Event loop is closed" tracebacks from tensorstore's threads.
+    Reading sequentially first turns a truncated or missing file into one clean exception (and costs one
+    extra read of the checkpoint, once per start).
+    """
+    if not (path / "manifest.ocdbt").exists():
+        return  # not an OCDBT checkpoint: orbax alone reads it
+    import tensorstore as ts
+
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{os.fspath(path)}"}).result()
+    for key in store.list().result():
+        store.read(key).result()
+
+
 def _restore_step(mgr, step: int, template: dict, iterator) -> dict:
     path = epath.Path(mgr.directory) / str(step) / _STATE_ITEM
     try:
+        _read_every_chunk(path)
         meta = ocp.StandardCheckpointHandler().metadata(path)
         saved = _table(getattr(meta, "tree", meta))
     except Exception as e:  # orbax raises many kinds for unreadable files; all mean "this step is broken"
-        raise _Unreadable(f"its metadata cannot be read ({_short(e)})") from e
+        raise _Unreadable(f"its files cannot be read ({_short(e)})") from e
     diff = describe_mismatch(saved, _table(template))
     if diff is not None:
-        raise CheckpointError(f"checkpoint step {step} in {mgr.directory}", step,
-                              f"does not match this config: {diff}")
+        raise CheckpointError("checkpoint step", step, f"the checkpoint in {mgr.directory} was written by a run "
+                              f"with another state (use another workdir, or the config that wrote it): {diff}")
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), template)
     items = {_STATE_ITEM: ocp.args.StandardRestore(abstract)}
     if iterator is not None:
@@ -214,9 +235,9 @@ def restore(mgr: ocp.CheckpointManager, state: Any, extra_template: dict | None 
             restored = _restore_step(mgr, step, template, iterator)
         except _Unreadable as e:
             if resume != "latest_good":
-                raise CheckpointError(f"checkpoint step {step} in {mgr.directory}", step,
-                                      f"{e}; config.resume='latest_good' falls back to the newest checkpoint "
-                                      "that can be read") from None
+                raise CheckpointError("checkpoint step", step, f"in {mgr.directory}, {e}; config.resume="
+                                      "'latest_good' falls back to the newest checkpoint that can be read"
+                                      ) from None
             logging.warning("checkpoint step %d cannot be read, trying an older one: %s", step, e)
             skipped.append(step)
             continue
