@@ -58,15 +58,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammainc, gammaincc, gammaln, ndtr
 
 from jaxsprint.errors import ConfigError
+from jaxsprint.perf import renewal as rn
 from jaxsprint.perf import times
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
-_GAMMA_EXACT_MAX_SHAPE = 100.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,91 +123,28 @@ def predict(network: NetworkCost, machine: Machine, nodes: jax.Array, gpus_per_n
 
 
 # ----------------------------------------------------------------------------------------------
-# Gamma building blocks (shape a, mean 1), float32-stable
+# Building blocks on unit-stride windows
 # ----------------------------------------------------------------------------------------------
 
 
-def _log1p_minus(d: jax.Array) -> jax.Array:
-    """``log(1 + d) - d`` without cancellation for small ``|d|`` (atanh series)."""
-    u = d / (2.0 + d)
-    u2 = u * u
-    series = -u * d + 2.0 * u * u2 * (1 / 3 + u2 * (1 / 5 + u2 * (1 / 7 + u2 * (1 / 9 + u2 * (
-        1 / 11 + u2 * (1 / 13 + u2 * (1 / 15 + u2 / 17)))))))
-    safe_d = jnp.where(jnp.abs(d) < 0.4, 0.5, d)
-    direct = jnp.log1p(safe_d) - safe_d
-    return jnp.where(jnp.abs(d) < 0.4, series, direct)
-
-
-def _stirling_log_ratio(a: jax.Array) -> jax.Array:
-    """``a log a - a - lgamma(a)`` accurately for large ``a``."""
-    a_big = jnp.maximum(a, 10.0)
-    inv = 1.0 / a_big
-    corr = inv * (1 / 12 - inv * inv * (1 / 360 - inv * inv / 1260))
-    big = 0.5 * jnp.log(a_big / (2 * math.pi)) - corr
-    a_small = jnp.minimum(a, 10.0)
-    small = a_small * jnp.log(a_small) - a_small - gammaln(a_small)
-    return jnp.where(a >= 10.0, big, small)
-
-
-def _gamma_parts(a: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """CDF, survival and ``t f(t) / a`` of Gamma(shape ``a``, mean 1) at ``t > 0``."""
-    t = jnp.maximum(t, 1e-30)
-    d = t - 1.0
-    # t f(t) = exp(a (log t - t + 1) + a log a - a - lgamma(a)).
-    tf = jnp.exp(a * _log1p_minus(d) + _stirling_log_ratio(a))
-    g = tf / a
-    # Exact incomplete gamma for moderate shapes, Wilson-Hilferty for large shapes.
-    a_lo = jnp.minimum(a, _GAMMA_EXACT_MAX_SHAPE)
-    cdf_lo, sf_lo = gammainc(a_lo, a_lo * t), gammaincc(a_lo, a_lo * t)
-    a_hi = jnp.maximum(a, _GAMMA_EXACT_MAX_SHAPE)
-    cube_root_m1 = jnp.expm1(jnp.log1p(jnp.maximum(d, -0.999999)) / 3.0)
-    z = 3.0 * jnp.sqrt(a_hi) * (cube_root_m1 + 1.0 / (9.0 * a_hi))
-    exact = a <= _GAMMA_EXACT_MAX_SHAPE
-    return jnp.where(exact, cdf_lo, ndtr(z)), jnp.where(exact, sf_lo, ndtr(-z)), g
-
-
-def _lower_partial(q: jax.Array, a: jax.Array, c: jax.Array) -> jax.Array:
-    """``E[(c - Q)_+]`` for ``Q ~ Gamma(shape a, mean q)``."""
-    t = c / q
-    cdf, _, g = _gamma_parts(a, t)
-    return q * ((t - 1.0) * cdf + g)
-
-
-def _upper_partial(q: jax.Array, a: jax.Array, c: jax.Array) -> jax.Array:
-    """``E[(Q - c)_+]`` for ``Q ~ Gamma(shape a, mean q)``."""
-    t = c / q
-    _, sf, g = _gamma_parts(a, t)
-    return q * ((1.0 - t) * sf + g)
-
-
-def _pmf_from_tail(tail: jax.Array) -> jax.Array:
-    """pmf on ``[k0, k0 + W)`` from ``P(X >= k)`` at ``k0+1 .. k0+W-1``; tails lumped at the ends."""
-    ones = jnp.ones(tail.shape[:-1] + (1,), tail.dtype)
-    zeros = jnp.zeros(tail.shape[:-1] + (1,), tail.dtype)
-    tail = jnp.clip(tail, 0.0, 1.0)
-    return jnp.maximum(jnp.concatenate([ones, tail], -1) - jnp.concatenate([tail, zeros], -1), 0.0)
-
-
-def _safe_shape(cv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    jitter = cv > 0
-    cv_safe = jnp.where(jitter, cv, 1.0)
-    return jitter, 1.0 / (cv_safe * cv_safe)
-
-
-# ----------------------------------------------------------------------------------------------
-# Distributions
-# ----------------------------------------------------------------------------------------------
+def _learner_pmf(w, cv, size: int):
+    """``(k0, pmf)`` of one learner's count in a window ``w`` (units of ``T_c``), ``k0`` float."""
+    sd = jnp.sqrt(w * cv * cv + 0.25)
+    k0 = jnp.maximum(jnp.floor(w - 8.0 * sd - 1.0), 0.0)
+    k = k0 + jnp.arange(1, size, dtype=jnp.float32)
+    return k0, rn.pmf_from_tail(rn.renewal_tail(k, w, cv))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
 def learner_count_pmf(ratio: jax.Array, cv: jax.Array, *, size: int = 128
                       ) -> tuple[jax.Array, jax.Array]:
-    """pmf of the gradients ``K_i`` one learner finishes in one updater cycle.
+    """pmf of the gradients ``K_i`` one learner finishes in one updater cycle of fixed length.
 
     ``K_i`` is the count of a stationary renewal process (gamma intervals of mean 1 and
     coefficient of variation ``cv``) in a window of length ``ratio = T_u / T_c``:
     ``P(K_i >= k) = G_{k-1}(r) - G_k(r)`` with ``G_j(r) = E[(r - S_j)_+]`` and ``S_j`` the sum of
-    ``j`` intervals. For ``cv = 0``: ``P(K_i >= k) = clip(r - k + 1, 0, 1)``.
+    ``j`` intervals (:func:`jaxsprint.perf.renewal.renewal_tail`). For ``cv = 0``:
+    ``P(K_i >= k) = clip(r - k + 1, 0, 1)``. Valid while ``ratio < 2^24``.
 
     Args:
       ratio: ``r = T_u / T_c``.
@@ -218,33 +154,36 @@ def learner_count_pmf(ratio: jax.Array, cv: jax.Array, *, size: int = 128
     Returns:
       ``(offset, pmf)`` with ``pmf[i] = P(K_i = offset + i)``, ``offset`` int32.
     """
-    r = jnp.asarray(ratio, jnp.float32)
-    cv = jnp.asarray(cv, jnp.float32)
-    jitter, alpha = _safe_shape(cv)
-    sd = jnp.sqrt(r * cv * cv + 0.25)
-    k0 = jnp.maximum(jnp.floor(r - 8.0 * sd - 1.0), 0.0)
-    j = k0 + jnp.arange(size, dtype=jnp.float32)  # j = k0 .. k0 + size - 1
-    j_safe = jnp.maximum(j, 1.0)
-    shape = j_safe * alpha
-    upper = jnp.where(j > 0, _upper_partial(j_safe, shape, r), 0.0)   # E[(S_j - r)_+]
-    lower = jnp.where(j > 0, _lower_partial(j_safe, shape, r), r)     # E[(r - S_j)_+]
-    k = j[1:]  # tail at k = k0+1 .. k0+size-1 uses G_{k-1} - G_k
-    tail_upper_form = 1.0 + upper[:-1] - upper[1:]
-    tail_lower_form = lower[:-1] - lower[1:]
-    tail_gamma = jnp.where(k <= r + 0.5, tail_upper_form, tail_lower_form)
-    tail_det = jnp.clip(r - k + 1.0, 0.0, 1.0)
-    tail = jnp.where(jitter, tail_gamma, tail_det)
-    return k0.astype(jnp.int32), _pmf_from_tail(tail)
+    k0, pmf = _learner_pmf(jnp.asarray(ratio, jnp.float32), jnp.asarray(cv, jnp.float32), size)
+    return k0.astype(jnp.int32), pmf
+
+
+def _staleness_tail_fixed_updater(s, q, cv):
+    """``P(S >= s)`` at consecutive ``s`` for a fixed updater: ``S = 1 + ceil(Q - x)``, ``Q ~ Gamma(q, cv)``.
+
+    ``P(S >= 1 + m) = E[(Q - m + 1)_+] - E[(Q - m)_+] = 1 - (E[(m - Q)_+] - E[(m - 1 - Q)_+])``,
+    each form used where its terms are small; ``cv = 0``: ``clip(q - m + 1, 0, 1)``.
+    """
+    jitter, alpha = rn.shape_of(cv)
+    m = s - 1.0
+    x = jnp.concatenate([m[:1] - 1.0, m])          # x = m - 1 for the first, then m
+    low, up = rn.partials(q, alpha, x - q, jnp.maximum(x, 0.0))  # E[(x - Q)_+], E[(Q - x)_+]
+    low = jnp.where(x > 0, low, 0.0)
+    upper = up[:-1] - up[1:]
+    lower = 1.0 - (low[1:] - low[:-1])
+    tail = jnp.where(m - 0.5 >= q, upper, lower)
+    det = rn.integer_part_tail(m, q)
+    return jnp.where(m <= 0, 1.0, jnp.clip(jnp.where(jitter, tail, det), 0.0, 1.0))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
 def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.Array, jax.Array]:
-    """pmf of the staleness ``S`` of a gradient (per gradient, not per update).
+    """pmf of the staleness ``S`` of a gradient (per gradient) with a fixed updater cycle.
 
     ``S = 1 + ceil(Q - x)``, ``Q = T / T_u`` with ``T`` the gradient's compute time and ``x``
     uniform on ``[0, 1)`` independent of ``T``, so ``P(S >= 1 + m) = E[(Q - m + 1)_+] - E[(Q - m)_+]
     = 1 - (E[(m - Q)_+] - E[(m - 1 - Q)_+])``. For ``cv = 0``: ``P(S = floor(q) + 2) = frac(q)``,
-    ``P(S = floor(q) + 1) = 1 - frac(q)``.
+    ``P(S = floor(q) + 1) = 1 - frac(q)``. See :func:`distributions` for a jittered updater.
 
     Args:
       q: ``T_c / T_u``.
@@ -256,18 +195,9 @@ def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.
     """
     q = jnp.asarray(q, jnp.float32)
     cv = jnp.asarray(cv, jnp.float32)
-    jitter, alpha = _safe_shape(cv)
-    s0 = jnp.maximum(jnp.floor(q + 1.0 - 6.0 * q * cv - 1.0), 1.0)
-    m = s0 + jnp.arange(size, dtype=jnp.float32) - 1.0  # m = s0-1 .. s0+size-2
-    upper = _upper_partial(q, alpha, m)
-    lower = jnp.where(m > 0, _lower_partial(q, alpha, jnp.maximum(m, 1e-6)), 0.0)
-    mt = m[1:]  # P(S >= 1 + mt) = P(S >= s) for s = s0+1 ..
-    tail_upper_form = upper[:-1] - upper[1:]
-    tail_lower_form = 1.0 - (lower[1:] - lower[:-1])
-    tail_gamma = jnp.where(mt - 0.5 >= q, tail_upper_form, tail_lower_form)
-    tail_det = jnp.clip(q - mt + 1.0, 0.0, 1.0)
-    tail = jnp.where(jitter, tail_gamma, tail_det)
-    return s0.astype(jnp.int32), _pmf_from_tail(tail)
+    s0 = jnp.maximum(jnp.floor(q - 6.0 * q * cv), 1.0)
+    s = s0 + jnp.arange(1, size, dtype=jnp.float32)
+    return s0.astype(jnp.int32), rn.pmf_from_tail(_staleness_tail_fixed_updater(s, q, cv))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
@@ -275,53 +205,81 @@ def convolve_power(offset: jax.Array, pmf: jax.Array, n: jax.Array, *, size: int
                    ) -> tuple[jax.Array, jax.Array]:
     """pmf of the sum of ``n`` independent copies of a windowed pmf, on a window of ``size``.
 
-    Uses ``FFT^{-1}(FFT(p)^n)`` on a ``size``-point grid, centred on the mean so that the
-    characteristic function has a small phase (float32 stable) and the circular wrap-around is
-    negligible when ``size`` exceeds about 14 standard deviations of the sum.
+    ``FFT^{-1}(FFT(p)^n)`` on a ``size``-point grid, centred on the mean so that the characteristic
+    function has a small phase (float32 stable); the window starts ``size / 2`` below the mean.
 
     Args:
-      offset: int32 offset of ``pmf``.
+      offset: Offset of ``pmf``.
       pmf: ``[W]`` pmf with ``W <= size``.
-      n: Number of copies (integer valued; a float is allowed).
-      size: Output window (static, a power of two is fastest).
+      n: Number of copies (integer valued).
+      size: Output window (static).
 
     Returns:
-      ``(offset, pmf)`` of the sum.
+      ``(offset, pmf)`` of the sum (int32 offset).
     """
-    w = pmf.shape[-1]
     n = jnp.asarray(n, jnp.float32)
-    idx = jnp.arange(w, dtype=jnp.float32)
-    mean_in = jnp.sum(pmf * idx)
-    c = jnp.round(mean_in)
-    p = jnp.zeros((size,), jnp.float32).at[:w].set(pmf)
-    p = jnp.roll(p, -c.astype(jnp.int32))  # centred: index 0 holds k = offset + c
-    phi = jnp.fft.rfft(p)
-    mag = jnp.abs(phi)
-    safe = jnp.where(mag > 1e-30, phi, 1.0 + 0j)
-    phi_n = jnp.where(mag > 1e-30, jnp.exp(n * jnp.log(safe)), 0.0)
-    total = jnp.fft.irfft(phi_n, n=size)
-    # float32 round-off leaves values of order 1e-9 everywhere: keep only the bins within 12
-    # standard deviations of the mean (the variance of a sum of n i.i.d. copies is n Var).
-    mean_rel = n * (mean_in - c)
-    var_in = jnp.sum(pmf * (idx - mean_in) ** 2)
-    reach = 12.0 * jnp.sqrt(n * var_in) + 2.0
-    dist = jnp.abs(jnp.mod(jnp.arange(size, dtype=jnp.float32) - jnp.mod(mean_rel, size) + size / 2,
-                           size) - size / 2)
-    total = jnp.where((dist <= reach) & (total > 1e-7 * jnp.max(total)), total, 0.0)
-    # total[j mod size] = P(sum - n (offset + c) = j); read the window centred on the mean.
-    start_rel = jnp.round(mean_rel - size / 2)
-    base = n * (offset.astype(jnp.float32) + c)
-    start = jnp.maximum(base + start_rel, 0.0)
-    rel = (start - base + jnp.arange(size, dtype=jnp.float32)).astype(jnp.int32)
-    out = total[jnp.mod(rel, size)]
+    k0 = jnp.asarray(offset, jnp.float32)
+    w = pmf.shape[-1]
+    mean_in = jnp.sum(pmf * jnp.arange(w, dtype=jnp.float32))
+    start = jnp.maximum(jnp.round(n * (k0 + mean_in) - size / 2), 0.0)
+    cf, atom, idx = _sum_cf(k0, pmf, n, start, size)
+    out = _from_cf(cf, size).at[idx].add(atom)
     return start.astype(jnp.int32), out / jnp.sum(out)
 
 
-class Distributions(NamedTuple):
-    """Mini-batch (in gradients per update, ``K = B / N_sub``) and staleness pmfs on windows.
+def _sum_cf(k0, pmf, n, out_offset, size: int):
+    """rfft-convention cf of the sum of ``n`` copies of ``pmf`` (values ``k0 + j``), relative to
+    ``out_offset`` on a ``size`` grid, and an atom kept out of the FFT.
 
-    ``count_pmf[i] = P(K = count_offset + i)`` and ``staleness_pmf[i] = P(S = staleness_offset + i)``.
-    Means are the exact closed forms; variances are taken from the pmfs (``Var K = N Var K_i``).
+    When the copies are nearly always 0 (``n P(K_i > 0) < 1/2``), the atom ``p_0^n`` at ``n k0`` is
+    split off: ``phi^n - p_0^n = p_0^n expm1(n log1p(g / p_0))`` with ``g`` the cf of the mass
+    above 0, so tiny probabilities (``n T_u / T_c = 10^-9``) survive float32. Returns
+    ``(cf, atom_mass, atom_index)``.
+    """
+    w = pmf.shape[-1]
+    omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
+    mean_in = jnp.sum(pmf * jnp.arange(w, dtype=jnp.float32))
+    cen = jnp.round(mean_in)
+    padded = jnp.zeros((size,), jnp.float32).at[:w].set(pmf)
+    rolled = jnp.roll(padded, -cen.astype(jnp.int32))
+    # phi - 1 = sum_j p_j (e^{-i omega (j - cen)} - 1), without the rounding of the mode's p near 1.
+    phi_m1 = jnp.fft.rfft(rolled.at[0].set(0.0)) - (jnp.sum(pmf) - rolled[0])
+    ok = jnp.abs(1.0 + phi_m1) > 1e-30
+    log_phi = jnp.log1p(jnp.where(ok, phi_m1, 0j))
+    shift = jnp.mod(n * (k0 + cen) - out_offset, size)
+    full = jnp.where(ok, jnp.exp(n * log_phi - 1j * omega * shift), 0.0)
+    # Atom path.
+    p0 = pmf[0]
+    mass_above = jnp.sum(pmf[1:])
+    g = jnp.fft.rfft(padded.at[0].set(0.0))
+    p0_safe = jnp.maximum(p0, 1e-30)
+    p0_n = jnp.exp(n * jnp.log1p(-jnp.minimum(mass_above, 1.0 - 1e-7)))
+    rest = p0_n * jnp.expm1(n * jnp.log1p(g / p0_safe)) * jnp.exp(-1j * omega * jnp.mod(-out_offset, size))
+    use_atom = (k0 == 0) & (n * mass_above < 0.5) & (p0 > 0.5)
+    atom_idx = jnp.clip(n * k0 - out_offset, 0, size - 1).astype(jnp.int32)
+    return jnp.where(use_atom, rest, full), jnp.where(use_atom, p0_n, 0.0), atom_idx
+
+
+def _from_cf(cf, size: int):
+    """Inverse rfft, float32 round-off (below 3e-7 of the peak) and negative ripples removed."""
+    x = jnp.fft.irfft(cf, n=size)
+    return jnp.where(x > 3e-7 * jnp.max(x), x, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributions
+# ----------------------------------------------------------------------------------------------
+
+
+class Distributions(NamedTuple):
+    """Mini-batch (in gradients per update, ``K = B / N_sub``) and staleness pmfs on lattices.
+
+    ``count_pmf[i] = P(K ~ count_offset + count_stride * i)`` (``count_stride = 1``: exactly
+    ``P(K = count_offset + i)``; a power of two above 1: the mass of ``K`` rounded to the nearest
+    lattice point), likewise for the staleness. Offsets and strides are float32 holding exact
+    integers. Means are the exact closed forms; variances are taken from the pmfs.
+    ``count_exact`` / ``staleness_exact``: whether the exact form was used (else the
+    moment-matched discretised gamma; see the module docstring).
     """
 
     count_offset: jax.Array
@@ -332,73 +290,161 @@ class Distributions(NamedTuple):
     var_count: jax.Array
     mean_staleness: jax.Array
     var_staleness: jax.Array
+    count_stride: jax.Array
+    staleness_stride: jax.Array
+    count_exact: jax.Array
+    staleness_exact: jax.Array
 
 
-def _moments(offset: jax.Array, pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _moments(offset, stride, pmf):
     x = jnp.arange(pmf.shape[-1], dtype=jnp.float32)
-    m = jnp.sum(pmf * x)
-    return offset.astype(jnp.float32) + m, jnp.sum(pmf * (x - m) ** 2)
+    m = jnp.sum(pmf * x) / jnp.sum(pmf)
+    return offset + stride * m, stride * stride * jnp.sum(pmf * (x - m) ** 2)
 
 
-@functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size"))
+def _bounds(mean, var, lower):
+    """Range ``[lo, hi]`` that holds a law of this mean and variance (gamma-like upper tail)."""
+    sd = jnp.sqrt(var)
+    excess = jnp.maximum(mean - lower, 1e-30)
+    hi = mean + jnp.maximum(8.0 * sd, 20.0 * var / excess) + 4.0
+    lo = jnp.maximum(mean - 8.0 * sd - 4.0, lower)
+    return lo, hi
+
+
+def _count(n, r, cv, ucv, learner_size: int, size: int, m: int):
+    """Count pmf: cells over the updater cycle ``L``, each the FFT power of one learner's pmf."""
+    mean = n * r
+    var_size = n * (cv * cv * r + jnp.minimum(r, 0.25)) + (n * r * ucv) ** 2
+    lo, hi = _bounds(mean, var_size, 0.0)
+    offset, stride = rn.lattice(lo, hi, size)
+    w, c, h = rn.gamma_cells(r, ucv, m)
+    omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
+
+    def node(c_m, h_m):
+        k0, p = _learner_pmf(c_m, cv, learner_size)
+        cf, atom, idx = _sum_cf(k0, p, n, offset, size)
+        fits = 16.0 * jnp.sqrt(cv * cv * (c_m + h_m) + 0.25) + 8.0 <= learner_size
+        var1 = jnp.where(fits, _moments(k0, 1.0, p)[1], rn.renewal_variance(c_m, cv))
+        # The box shifts a node's law by +-n h: only where the whole law stays inside the window (no
+        # wrap-around; where the law reaches 0, the spread of L changes probabilities, not positions).
+        half = jnp.minimum(n * h_m, jnp.maximum(n * k0 - offset - 1.0, 0.0))
+        return cf * rn.box_cf(half, size), atom, idx, fits, var1
+
+    cf, atom, idx, fits, var1 = jax.vmap(node)(c, h)
+    exact_pmf = _from_cf(jnp.sum(w[:, None] * cf, 0), size).at[idx].add(w * atom)
+    exact_pmf = exact_pmf / jnp.sum(exact_pmf)
+    exact = (stride == 1.0) & (hi < rn.FLOAT32_EXACT_INT) & jnp.all(fits | (w == 0))
+    var = n * jnp.sum(w * var1) + (n * r * ucv) ** 2
+    approx_pmf = rn.discretised_gamma(mean, var, 0.0, offset, stride, size)
+    return offset, stride, jnp.where(exact, exact_pmf, approx_pmf), exact
+
+
+def _staleness(q, cv, ucv, size: int, m: int):
+    """Staleness pmf: ``S = 1 + N_u(T)``, mixed over cells of ``Q = T / T_u``."""
+    mean = q + 1.0
+    frac = q - jnp.floor(q)
+    var_u = jnp.where(ucv > 0, rn.renewal_variance(q, ucv),
+                      jnp.where(q * cv >= 0.5, 1.0 / 6.0, frac * (1.0 - frac)))
+    var = (q * cv) ** 2 + var_u
+    lo, hi = _bounds(mean, (q * cv) ** 2 + ucv * ucv * q + jnp.minimum(q, 0.25), 1.0)
+    offset, stride = rn.lattice(lo, hi, size, lower=1.0)
+    s = offset + jnp.arange(1, size, dtype=jnp.float32)
+    fixed = rn.pmf_from_tail(_staleness_tail_fixed_updater(s, q, cv))
+    w, c, h = rn.gamma_cells(q, cv, m)
+    omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
+
+    def node(c_m, h_m):
+        pmf = rn.pmf_from_tail(rn.renewal_tail(s - 1.0, c_m, ucv))
+        low_end = 1.0 + jnp.maximum(c_m - 8.0 * jnp.sqrt(c_m * ucv * ucv + 0.25) - 1.0, 0.0)
+        half = jnp.minimum(h_m, jnp.maximum(low_end - offset - 1.0, 0.0))  # as in _count
+        return jnp.fft.rfft(pmf) * rn.box_cf(half, size)
+
+    mixed = _from_cf(jnp.sum(w[:, None] * jax.vmap(node)(c, h), 0), size)
+    exact_pmf = jnp.where(ucv > 0, mixed, fixed)
+    exact_pmf = exact_pmf / jnp.sum(exact_pmf)
+    exact = (stride == 1.0) & (hi < rn.FLOAT32_EXACT_INT)
+    approx_pmf = rn.discretised_gamma(mean, var, 1.0, offset, stride, size)
+    return offset, stride, jnp.where(exact, exact_pmf, approx_pmf), exact
+
+
+@functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size", "mix_nodes"))
 def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.Array,
-                  cv: jax.Array = 0.0, *, learner_size: int = 128, count_size: int = 4096,
-                  staleness_size: int = 1024) -> Distributions:
+                  cv: jax.Array = 0.0, update_cv: jax.Array = 0.0, *, learner_size: int = 128,
+                  count_size: int = 4096, staleness_size: int = 1024, mix_nodes: int = 32
+                  ) -> Distributions:
     """Mini-batch and staleness distributions of a configuration (see the module docstring).
 
     Args:
       n_workers: ``N`` learners (integer valued).
       t_compute_s: ``T_c``, mean learner time per sub-batch.
-      t_update_s: ``T_u``, updater cycle.
+      t_update_s: ``T_u``, mean updater cycle.
       cv: Coefficient of variation of the learner time (gamma distributed; 0 = deterministic).
+      update_cv: Coefficient of variation of the updater cycle (gamma; 0 = fixed cycles).
       learner_size: Window of one learner's count (static; see :func:`suggest_windows`).
-      count_size: Window of the total count (static).
-      staleness_size: Window of the staleness (static).
+      count_size: Lattice size of the total count (static, >= ``learner_size``).
+      staleness_size: Lattice size of the staleness (static).
+      mix_nodes: Cells of the mixing variable when a law is mixed (static; 1 is enough when
+        ``update_cv = 0``).
 
     Returns:
       :class:`Distributions`.
     """
+    if learner_size > count_size:
+        raise ConfigError("learner_size", learner_size, f"<= count_size={count_size}")
     tc = jnp.asarray(t_compute_s, jnp.float32)
     tu = jnp.asarray(t_update_s, jnp.float32)
     n = jnp.asarray(n_workers, jnp.float32)
-    r = tu / tc
-    k_off, k_pmf = learner_count_pmf(r, cv, size=learner_size)
-    c_off, c_pmf = convolve_power(k_off, k_pmf, n, size=count_size)
-    s_off, s_pmf = staleness_pmf(tc / tu, cv, size=staleness_size)
-    _, var_k = _moments(k_off, k_pmf)  # learners are independent: Var(K) = N Var(K_i)
-    _, var_s = _moments(s_off, s_pmf)
-    return Distributions(c_off, c_pmf, s_off, s_pmf, n * r, n * var_k, tc / tu + 1.0, var_s)
+    cv = jnp.asarray(cv, jnp.float32)
+    ucv = jnp.asarray(update_cv, jnp.float32)
+    r, q = tu / tc, tc / tu
+    c_off, c_stride, c_pmf, c_exact = _count(n, r, cv, ucv, learner_size, count_size, mix_nodes)
+    s_off, s_stride, s_pmf, s_exact = _staleness(q, cv, ucv, staleness_size, mix_nodes)
+    _, var_k = _moments(c_off, c_stride, c_pmf)
+    _, var_s = _moments(s_off, s_stride, s_pmf)
+    return Distributions(c_off, c_pmf, s_off, s_pmf, n * r, var_k, q + 1.0, var_s, c_stride, s_stride,
+                         c_exact, s_exact)
 
 
-def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv: float
-                    ) -> dict[str, int]:
-    """Static window sizes (powers of two) that hold the pmfs of a configuration.
+# The two window sets of suggest_windows: few distinct static sizes, so compilations are reused.
+SMALL_WINDOWS = {"learner_size": 64, "count_size": 256, "staleness_size": 256}
+LARGE_WINDOWS = {"learner_size": 1024, "count_size": 4096, "staleness_size": 4096}
 
-    Sized from the standard deviations: one learner's count ``sqrt(r cv^2 + 1/4)``, the total
-    ``sqrt(N)`` times that, the staleness ``q cv`` (``r = T_u / T_c``, ``q = 1 / r``). Take the
-    maximum over a batch of configurations before vmapping.
+
+def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv: float,
+                    update_cv: float = 0.0) -> dict[str, int]:
+    """Static sizes for :func:`distributions`: :data:`SMALL_WINDOWS` or :data:`LARGE_WINDOWS`.
+
+    The small set is used when it holds both pmfs exactly, judged from the standard deviations
+    (one learner's count ``sqrt(w cv^2 + 1/4)`` at the longest cycle cell ``w``; the total
+    ``sqrt(N (cv^2 r + min(r, 1/4)) + (N r cv_u)^2)``; the staleness
+    ``sqrt((q cv)^2 + q cv_u^2 + min(q, 1/4))``); otherwise the large one, beyond which
+    :func:`distributions` uses coarser lattices (the moment-matched approximation), so memory and
+    time stay bounded. ``mix_nodes`` is 1 without updater jitter, 32 with it. Take the maximum over
+    a batch of configurations before vmapping.
     """
-    r = float(t_update_s) / float(t_compute_s)
-    q = 1.0 / r
-    sd1 = math.sqrt(r * cv * cv + 0.25)
-    pow2 = lambda x: int(2 ** math.ceil(math.log2(max(x, 8))))  # noqa: E731
-    return {
-        "learner_size": pow2(20.0 * sd1 + 8),
-        "count_size": pow2(16.0 * math.sqrt(max(n_workers, 1.0)) * sd1 + 16),
-        "staleness_size": pow2(20.0 * q * cv + 8),
-    }
+    n, r = float(n_workers), float(t_update_s) / float(t_compute_s)
+    q, cv, ucv = 1.0 / r, float(cv), float(update_cv)
+    w_max = r * (1.0 + 4.0 * ucv + 3.0 * ucv * ucv)
+    var_k = n * (cv * cv * r + min(r, 0.25)) + (n * r * ucv) ** 2
+    var_s = (q * cv) ** 2 + q * ucv * ucv + min(q, 0.25)
+    need = {"learner_size": 16.0 * math.sqrt(cv * cv * w_max + 0.25) + 8,
+            "count_size": 16.0 * math.sqrt(var_k) + 20.0 * var_k / max(n * r, 1e-30) + 16,
+            "staleness_size": 16.0 * math.sqrt(var_s) + 20.0 * var_s / max(q, 1e-30) + 16}
+    small = all(need[k] <= v for k, v in SMALL_WINDOWS.items())
+    return {**(SMALL_WINDOWS if small else LARGE_WINDOWS), "mix_nodes": 1 if ucv == 0 else 32}
 
 
-def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
-               max_staleness: int, max_count: int, tail: str = "lump"
+def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: float = 0.0,
+               update_cv: float = 0.0, *, max_staleness: int, max_count: int, tail: str = "lump"
                ) -> tuple[jax.Array, jax.Array]:
     """Staleness and mini-batch pmfs on fixed supports, for the asynchronous-staleness emulator.
 
     Args:
       n_workers: Learners ``N``.
       t_compute_s: Mean learner time ``T_c``.
-      t_update_s: Updater cycle ``T_u``.
+      t_update_s: Mean updater cycle ``T_u``.
       cv: Coefficient of variation of the learner time (gamma jitter; 0 = deterministic).
+      update_cv: Coefficient of variation of the updater cycle (0 = fixed cycles).
       max_staleness: Largest staleness represented.
       max_count: Largest number of sub-batch gradients per update represented.
       tail: ``"lump"``: the mass above the maximum goes into the last entry (each pmf sums to 1);
@@ -414,23 +460,26 @@ def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: floa
     Raises:
       ConfigError: invalid timings or ``tail``.
     """
-    validate_timings(n_workers, t_compute_s, t_update_s, cv)
+    validate_timings(n_workers, t_compute_s, t_update_s, cv, update_cv=update_cv)
     if tail not in ("lump", "truncate"):
         raise ConfigError("tail", tail, "one of lump, truncate")
-    sizes = suggest_windows(n_workers, t_compute_s, t_update_s, cv)
-    d = distributions(n_workers, t_compute_s, t_update_s, cv, **sizes)
+    sizes = suggest_windows(n_workers, t_compute_s, t_update_s, cv, update_cv)
+    d = distributions(n_workers, t_compute_s, t_update_s, cv, update_cv, **sizes)
     lump = tail == "lump"
-    return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness, lump=lump),
-            to_fixed_support(d.count_offset, d.count_pmf, max_count, lump=lump))
+    return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness, lump=lump,
+                             stride=d.staleness_stride),
+            to_fixed_support(d.count_offset, d.count_pmf, max_count, lump=lump, stride=d.count_stride))
 
 
-def to_fixed_support(offset: jax.Array, pmf: jax.Array, max_value: int, *, lump: bool = True
-                     ) -> jax.Array:
-    """A windowed pmf on ``0..max_value``; the mass above ``max_value`` is lumped into the last
-    entry (``lump=True``) or dropped."""
-    idx = offset + jnp.arange(pmf.shape[-1])
+def to_fixed_support(offset: jax.Array, pmf: jax.Array, max_value: int, *, lump: bool = True,
+                     stride: jax.Array = 1) -> jax.Array:
+    """A lattice pmf (values ``offset + stride * i``) on ``0..max_value``; the mass above
+    ``max_value`` is lumped into the last entry (``lump=True``) or dropped."""
+    values = (jnp.asarray(offset, jnp.float32)
+              + jnp.asarray(stride, jnp.float32) * jnp.arange(pmf.shape[-1], dtype=jnp.float32))
+    idx = jnp.clip(values, 0, max_value + 1).astype(jnp.int32)
     if lump:
-        return jnp.zeros((max_value + 1,), pmf.dtype).at[jnp.clip(idx, 0, max_value)].add(pmf)
+        return jnp.zeros((max_value + 1,), pmf.dtype).at[jnp.minimum(idx, max_value)].add(pmf)
     return jnp.zeros((max_value + 1,), pmf.dtype).at[idx].add(pmf, mode="drop")
 
 
@@ -467,17 +516,35 @@ def positive_int(field: str, value: object) -> int:
     return int(value)
 
 
+# Documented limits of the model's inputs (docs/perf-model.md, "Limits").
+MAX_WORKERS = 10 ** 7
+MIN_RATIO, MAX_RATIO = 1e-10, 1e10      # T_u / T_c
+MIN_TIME_S, MAX_TIME_S = 1e-30, 1e30    # float32 keeps them normal
+MAX_CV, MAX_UPDATE_CV = 2.0, 2.0
+
+
 def validate_timings(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0,
-                     sub_batch: int = 1, dataset_size: int = IMAGENET_TRAIN_IMAGES) -> None:
+                     sub_batch: int = 1, dataset_size: int = IMAGENET_TRAIN_IMAGES, *,
+                     update_cv: float = 0.0) -> None:
     """Raises :class:`~jaxsprint.errors.ConfigError` naming the field when a timing configuration is invalid.
 
-    Fields: ``workers``, ``t_compute``, ``t_update``, ``t_compute_cv`` (0..2), ``sub_batch``,
-    ``dataset_size`` (the launchers' flag names).
+    Fields (the launchers' flag names): ``workers`` (integer 1..10^7), ``t_compute``, ``t_update``
+    (finite, in [1e-30, 1e30] s, ``T_u / T_c`` in [1e-10, 1e10]), ``t_compute_cv`` (0..2),
+    ``t_update_cv`` (0..2), ``sub_batch``, ``dataset_size``.
     """
-    positive_int("workers", n_workers)
-    finite_number("t_compute", t_compute_s)
-    finite_number("t_update", t_update_s)
-    finite_number("t_compute_cv", cv, allow_minimum=True, maximum=2.0)
+    n = positive_int("workers", n_workers)
+    if n > MAX_WORKERS:
+        raise ConfigError("workers", n_workers, f"an integer >= 1 and <= {MAX_WORKERS:g}")
+    tc = finite_number("t_compute", t_compute_s)
+    tu = finite_number("t_update", t_update_s)
+    for field, value, v in (("t_compute", t_compute_s, tc), ("t_update", t_update_s, tu)):
+        if not MIN_TIME_S <= v <= MAX_TIME_S:
+            raise ConfigError(field, value, f"a finite number > 0 in [{MIN_TIME_S:g}, {MAX_TIME_S:g}] (seconds)")
+    if not MIN_RATIO <= tu / tc <= MAX_RATIO:
+        raise ConfigError("t_update", t_update_s, f"a time with t_update / t_compute in [{MIN_RATIO:g}, "
+                                                  f"{MAX_RATIO:g}] (t_compute={t_compute_s!r})")
+    finite_number("t_compute_cv", cv, allow_minimum=True, maximum=MAX_CV)
+    finite_number("t_update_cv", update_cv, allow_minimum=True, maximum=MAX_UPDATE_CV)
     positive_int("sub_batch", sub_batch)
     positive_int("dataset_size", dataset_size)
 
@@ -509,16 +576,18 @@ def validate_config(network: NetworkCost, machine: Machine, nodes: int, gpus_per
     return warnings
 
 
-def pmf_items(offset: int, pmf: np.ndarray, scale: int = 1, threshold: float = 1e-9
+def pmf_items(offset: int, pmf: np.ndarray, scale: int = 1, threshold: float = 1e-9, *, stride: int = 1
               ) -> dict[str, float]:
-    """``{str(scale * value): probability}`` for the entries above ``threshold`` (for JSON)."""
+    """``{str(scale * value): probability}`` for the entries above ``threshold`` (for JSON);
+    ``value = offset + stride * i`` (pass ``Distributions.count_stride`` / ``staleness_stride``)."""
     pmf = np.asarray(pmf, np.float64)
-    return {str(scale * (int(offset) + i)): float(f"{p:.9g}") for i, p in enumerate(pmf)
-            if p > threshold}
+    base, step = int(offset), int(stride)
+    return {str(scale * (base + step * i)): float(f"{p:.9g}") for i, p in enumerate(pmf) if p > threshold}
 
 
 __all__ = [
     "Distributions", "IMAGENET_TRAIN_IMAGES", "Prediction", "convolve_power", "delay_pmfs", "distributions",
+    "LARGE_WINDOWS", "MAX_CV", "MAX_RATIO", "MAX_UPDATE_CV", "MAX_WORKERS", "MIN_RATIO", "SMALL_WINDOWS",
     "finite_number", "learner_count_pmf", "pmf_items", "positive_int", "predict", "predict_from_timings",
     "staleness_pmf", "suggest_windows", "to_fixed_support", "validate_config", "validate_timings",
 ]
