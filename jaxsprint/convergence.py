@@ -29,7 +29,8 @@ the first measurement that crosses the target); ``None`` when the run never reac
 length). Per-seed crossings give the seed spread.
 
 **Cache** (:class:`RunCache`): one JSON file per run, named by the SHA-256 of everything the run depends on
-(data, proxy, optimizer, run length, seeds, the two pmfs rounded to 1e-5 and the learning rate), so a run is
+(data, proxy, optimizer, run length, seeds, and the candidate's statistics (learners, ``T_c``, ``T_u``, jitter,
+sub-batch, scale; 4 significant digits) and learning rate), so a run is
 never trained twice and a changed statistic of one candidate invalidates only its own entry.
 
 References:
@@ -186,6 +187,8 @@ class RunSpec:
       mitigation: ``none`` or ``staleness_lr`` (the ``lr_tau`` rule).
       mean_minibatch: The candidate's mean mini-batch in cluster samples (the fit's input; not hashed).
       mean_staleness: The candidate's mean staleness (the fit's input; not hashed).
+      statistics: ``(name, value)`` pairs the pmfs were computed from (learners, ``T_c``, ``T_u``, jitter,
+        sub-batch, scale); when given they key the cache instead of the pmfs.
     """
 
     staleness_pmf: np.ndarray
@@ -194,15 +197,22 @@ class RunSpec:
     mitigation: str = "none"
     mean_minibatch: float = 0.0
     mean_staleness: float = 0.0
+    statistics: tuple[tuple[str, float], ...] | None = None
 
     @property
     def max_minibatch(self) -> int:
         return int(np.flatnonzero(self.minibatch_pmf > 0)[-1])
 
     def key_fields(self) -> dict[str, Any]:
-        """The fields a run depends on, rounded so that float noise does not change the key."""
-        # Rounded to 1e-5 (and the rate to 5 digits): the model's float32 pmfs (an FFT) may differ in the last
-        # bits between processes, which must not make a new run; a real change of a statistic moves far more.
+        """The fields a run depends on, rounded so that float noise does not change the key.
+
+        With ``statistics``, those (4 significant digits) and the learning rate (4 digits): the model's float32
+        pmfs (an FFT) differ in their last bits between processes, so hashing them would train a run again;
+        a real change of a statistic moves it far more than 1e-4. Without, the pmfs rounded to 1e-5.
+        """
+        if self.statistics is not None:
+            return {"statistics": {k: float(f"{v:.4g}") for k, v in self.statistics},
+                    "learning_rate": float(f"{self.learning_rate:.4g}"), "mitigation": self.mitigation}
         r = lambda p: [round(float(v), 5) for v in np.trim_zeros(np.round(np.asarray(p, np.float64), 5), "b")]  # noqa: E731
         return {"staleness_pmf": r(self.staleness_pmf), "minibatch_pmf": r(self.minibatch_pmf),
                 "learning_rate": float(f"{self.learning_rate:.5g}"), "mitigation": self.mitigation}
@@ -228,7 +238,7 @@ def minibatch_pmf_from_counts(count_pmf: np.ndarray, sub_batch: int, scale: floa
 
 def make_spec(staleness_pmf: np.ndarray, count_pmf: np.ndarray, *, sub_batch: int, scale: float,
               lr_rule: str, base_lr: float, reference_batch: float, mean_minibatch: float,
-              mean_staleness: float) -> RunSpec:
+              mean_staleness: float, statistics: dict[str, float] | None = None) -> RunSpec:
     """A :class:`RunSpec` from a candidate's model pmfs (:func:`jaxsprint.perf.sprint.delay_pmfs`).
 
     Learning-rate rules (:data:`LR_RULES`): ``linear``: ``base_lr * E[m] / reference_batch`` (Goyal et al.
@@ -248,8 +258,10 @@ def make_spec(staleness_pmf: np.ndarray, count_pmf: np.ndarray, *, sub_batch: in
     nonempty = mb[1:].sum()
     mean_m = float(np.dot(np.arange(mb.size), mb) / nonempty) if nonempty > 0 else 1.0
     lr = base_lr * (mean_m / reference_batch if lr_rule in ("linear", "lr_tau") else 1.0)
+    stats = None if statistics is None else tuple(sorted({**statistics, "sub_batch": sub_batch,
+                                                           "scale": scale}.items()))
     return RunSpec(s / s.sum(), mb, float(lr), "staleness_lr" if lr_rule == "lr_tau" else "none",
-                   float(mean_minibatch), float(mean_staleness))
+                   float(mean_minibatch), float(mean_staleness), stats)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -105,7 +105,9 @@ def candidate_spec(cand: search.Candidate, opts: PlanOptions) -> convergence.Run
     return convergence.make_spec(np.asarray(stale, np.float64), np.asarray(count, np.float64),
                                  sub_batch=cand.sub_batch, scale=opts.minibatch_scale, lr_rule=opts.lr_rule,
                                  base_lr=opts.base_lr, reference_batch=opts.reference_batch,
-                                 mean_minibatch=cand.mean_minibatch, mean_staleness=cand.mean_staleness)
+                                 mean_minibatch=cand.mean_minibatch, mean_staleness=cand.mean_staleness,
+                                 statistics={"learners": n, "t_compute_s": cand.t_compute_s,
+                                             "t_update_s": cand.t_update_s, "cv": opts.t_compute_cv})
 
 
 @dataclasses.dataclass(frozen=True)

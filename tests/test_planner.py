@@ -98,3 +98,21 @@ def test_no_candidate_meets_the_ladder(space):
 def test_spread_design_takes_the_corners_first():
     pts = np.array([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5], [0.0, 1.0], [1.0, 0.0]])
     assert set(planner.spread_design(pts, 4)) == {0, 1, 3, 4}
+
+
+def test_a_changed_candidate_statistic_invalidates_only_its_own_cache_entry(space):
+    import dataclasses
+
+    from jaxsprint.perf import search
+
+    cands = search.evaluate_configs(space, spaces.make_target(1.0), [[2, 2, 12], [12, 2, 6], [14, 4, 14]])
+    em = LawEmulator()
+    keys = [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in cands]
+    assert len(set(keys)) == 3
+    # Float noise (as between two processes) keeps every key; a changed T_u changes only its candidate's.
+    noisy = [dataclasses.replace(c, t_compute_s=c.t_compute_s * (1 + 1e-7)) for c in cands]
+    assert [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in noisy] == keys
+    changed = list(cands)
+    changed[1] = dataclasses.replace(cands[1], t_update_s=cands[1].t_update_s * 1.2)
+    new = [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in changed]
+    assert new[0] == keys[0] and new[2] == keys[2] and new[1] != keys[1]
