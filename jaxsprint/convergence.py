@@ -55,7 +55,7 @@ import optax
 
 from jaxsprint import data as data_lib
 from jaxsprint import staleness
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import check
 
 __all__ = ["LR_RULES", "MAX_STALENESS", "PROXY_MODELS", "CACHE_VERSION", "Emulator", "ProxyData", "RunCache",
            "RunResult", "RunSpec", "load_proxy_data", "make_spec", "minibatch_pmf_from_counts",

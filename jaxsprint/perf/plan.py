@@ -176,7 +176,7 @@ def _lm_one(theta0, args, iters):
 
 def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], log_updates: Sequence[float],
             log_var: Sequence[float] | None = None, censored: Sequence[bool] | None = None, *,
-            b_ref: float | None = None, prior: Prior = Prior(), var_floor: float = 0.01, starts: int = 8,
+            b_ref: float | None = None, prior: Prior | None = None, var_floor: float = 0.01, starts: int = 8,
             iters: int = 200, seed: int = 0) -> LawFit:
     """Fits :func:`law_log_updates` to cells ``(B_i, tau_i, log U_i)`` (module docstring).
 
@@ -187,7 +187,7 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
       log_var: Variance of each ``log U_i`` (e.g. over seeds / number of seeds); default 0.
       censored: True where the run never reached the target.
       b_ref: Batch scale (default: geometric mean of the ``B_i``).
-      prior: Gaussian prior of ``theta``.
+      prior: Gaussian prior of ``theta`` (default: :class:`Prior`'s defaults).
       var_floor: Added to every cell's variance (misfit of the law, float noise).
       starts: Levenberg-Marquardt starts (the prior mean and random perturbations of it).
       iters: Iterations per start.
@@ -213,6 +213,7 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
     check(bool(np.all(np.isfinite(y)) and np.all(np.isfinite(var)) and np.all(var >= 0)), "log_updates",
           y.tolist(), "finite log updates with finite variances >= 0")
     b_ref = float(np.exp(np.mean(np.log(b)))) if b_ref is None else float(b_ref)
+    prior = Prior() if prior is None else prior
     w = 1.0 / (var + var_floor)
     pm, ps = np.asarray(prior.mean, np.float32), np.asarray(prior.sd, np.float32)
     rng = np.random.default_rng(seed)
