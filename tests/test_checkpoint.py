@@ -1,10 +1,15 @@
-"""jaxsprint.checkpoint: the state, its extras and the data iterator's position round-trip through orbax."""
+"""jaxsprint.checkpoint: round trip through orbax; a checkpoint of another state or a truncated one is a
+CheckpointError (what differs / which step), and resume="latest_good" falls back."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxsprint import checkpoint, data, models, pipeline, train
+from jaxsprint.errors import CheckpointError, ConfigError
 
 
 def _state():
@@ -41,3 +46,44 @@ def test_state_extras_and_iterator_position_round_trip(tmp_path):
     assert pipeline.position(fresh_it) == 4
     for want in expected:
         np.testing.assert_array_equal(next(fresh_it)["label"], want)
+
+
+def _saved(tmp_path, steps=(2, 4)):
+    mgr = checkpoint.manager(str(tmp_path), keep=3)
+    for s in steps:
+        checkpoint.save(mgr, s, _state(), {"polished": jnp.asarray(0, jnp.int32)})
+    mgr.wait_until_finished()
+    mgr.close()
+    return tmp_path / "checkpoints"
+
+
+def test_a_checkpoint_of_another_state_says_what_differs(tmp_path):
+    _saved(tmp_path)
+    model = models.create_model("tiny", num_classes=10)
+    other = jax.jit(lambda key: train.create_train_state(key, model, optax.adam(0.1), (1, 8, 8, 1)))(
+        jax.random.key(0))
+    before = sorted(p.name for p in (tmp_path / "checkpoints").rglob("*"))
+    with pytest.raises(CheckpointError, match=r"checkpoint step=4.*opt_state.*config.optimizer"):
+        checkpoint.restore(checkpoint.manager(str(tmp_path)), other, {"polished": jnp.zeros((), jnp.int32)})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").rglob("*")) == before  # nothing written
+    table = {"a": ((2,), "float32"), "b": ((3,), "float32")}
+    assert checkpoint.describe_mismatch(table, dict(table)) is None
+    diff = checkpoint.describe_mismatch(table, {"a": ((4,), "float32"), "c": ((1,), "int32")})
+    assert "a is float32[2] there, float32[4] here" in diff and "(c)" in diff and "(b)" in diff
+
+
+@pytest.mark.parametrize("victim", ["train_state/_METADATA", "train_state/manifest.ocdbt", "train_state/d"])
+def test_a_truncated_checkpoint_names_its_step_and_latest_good_falls_back(tmp_path, victim):
+    ckpts = _saved(tmp_path)
+    target = ckpts / "4" / victim
+    for f in (sorted(target.iterdir()) if target.is_dir() else [target]):
+        f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+    extra = {"polished": jnp.zeros((), jnp.int32)}
+    with pytest.raises(CheckpointError, match=r"checkpoint step=4.*cannot be read.*latest_good"):
+        checkpoint.restore(checkpoint.manager(str(tmp_path)), _state(), extra)
+    mgr = checkpoint.manager(str(tmp_path))
+    _, _, step = checkpoint.restore(mgr, _state(), extra, resume="latest_good")
+    assert step == 2 and mgr.latest_step() == 2  # the broken step is set aside; the run can save it again
+    assert os.listdir(tmp_path / "unreadable_checkpoints") == ["4"]
+    with pytest.raises(ConfigError, match="config.resume"):
+        checkpoint.restore(mgr, _state(), extra, resume="newest")

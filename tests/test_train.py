@@ -1,5 +1,7 @@
 """Train step invariants: sharded == unsharded, ghost BN differs, accumulation, exact resume, NaN guard."""
+import os
 import re
+
 import jax
 import optax
 import numpy as np
@@ -92,11 +94,45 @@ def test_resume_is_bit_identical(tmp_path):
     assert any((tmp_path / "full" / "tensorboard").iterdir())
 
 
-def test_nan_guard_names_the_step(tmp_path):
-    c = _config(**{"lr.base": 1e30, "log_every_steps": 1})
+def test_nan_guard_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    c = _config(**{"lr.base": 1e8, "num_train_steps": 20, "checkpoint_every_epochs": 0.09})  # every 2 steps
     with pytest.raises(NonFiniteError) as e:
         train.train_and_evaluate(c, str(tmp_path))
-    assert 1 <= e.value.step <= 6 and f"step {e.value.step}" in str(e.value)
+    step = e.value.step
+    assert 1 <= step <= 20 and f"step {step}" in str(e.value)
+    assert e.value.name.split("/")[0] in train.GUARDED + ("eval_loss",)
+    saved = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints"))
+    assert all(s < step for s in saved)  # never a checkpoint of a state at or after the bad step
+    assert not [p for p in tmp_path.rglob("*") if "orbax-checkpoint-tmp" in p.name]
+    if saved:
+        state, last, _ = train.load_checkpoint(train.build_experiment(c), str(tmp_path))
+        assert last == saved[-1]
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state)))
+
+
+def test_guard_keeps_the_input_state_when_a_bn_statistic_turns_nan():
+    from jaxsprint import models
+
+    model = models.create_model("tiny", num_classes=10)
+    images, labels = _batch(16)
+    x = (images.astype(np.float32) - 50.0) / 50.0
+    state = train.create_train_state(jax.random.key(0), model, optax.sgd(0.1, momentum=0.9), (1, 8, 8, 1))
+    step = jax.jit(train.make_train_step(model=model, num_classes=10))
+    names = train.guard_names(state)
+    w = np.ones(16, np.float32)
+    good, m = step(state, x, labels, w)
+    assert len(m["guard"]) == len(names) and not np.any(np.asarray(m["guard"]))
+    assert int(good.step) == 1
+    first = sorted(state.batch_stats)[0]
+    bad_stats = dict(state.batch_stats, **{first: dict(state.batch_stats[first], var=np.full_like(
+        state.batch_stats[first]["var"], np.nan))})
+    bad_in = state.replace(batch_stats=bad_stats)
+    out, m = step(bad_in, x, labels, w)
+    guard = np.asarray(m["guard"])
+    assert names[int(np.flatnonzero(~np.isfinite(guard))[0])] == f"batch_stats/{first}/var"
+    assert int(out.step) == 0  # the update was not applied: the input state came back
+    for a, b in zip(jax.tree.leaves(jax.device_get(out.params)), jax.tree.leaves(jax.device_get(state.params))):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_batch_not_divisible_by_devices_is_a_config_error():
