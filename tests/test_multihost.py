@@ -40,7 +40,8 @@ for key, value in args["overrides"].items():
     node[leaf] = value
 out = train.train_and_evaluate(config, args["workdir"], stop_after_steps=args["stop_after_steps"])
 s = out["state"]
-tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step}
+tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step,
+        "polished": out["polished_batch_stats"]}
 arrays = {name: np.asarray(jax.device_get(leaf)) for name, leaf in checkpoint.named_leaves(tree)}
 if jax.process_index() == 0 and args["out"]:
     np.savez(args["out"], **arrays)
@@ -90,7 +91,8 @@ print("DONE", jax.process_count(), jax.device_count(), flush=True)
 """
 
 # Checkpoints at steps 2 and 4 (testing: 23 steps per epoch), 6 steps, evaluation every 2.
-_OVERRIDES = {"checkpoint_every_epochs": 0.087}
+# Final Polishing after the last step, so that the recomputed statistics are compared too.
+_OVERRIDES = {"checkpoint_every_epochs": 0.087, "polish.mode": "recompute"}
 
 
 def _free_port() -> int:
@@ -132,7 +134,8 @@ def _load(path) -> dict[str, np.ndarray]:
 
 def _assert_close(a: dict, b: dict, rtol=1e-5, atol=1e-6):
     assert sorted(a) == sorted(b)
-    assert any(k.startswith("opt_state/") for k in a) and any(k.startswith("batch_stats/") for k in a)
+    for group in ("params/", "batch_stats/", "opt_state/", "polished/"):
+        assert any(k.startswith(group) for k in a), group
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=atol, err_msg=k)
 
@@ -144,8 +147,11 @@ def _in_process_reference(num_devices: int, workdir) -> dict[str, np.ndarray]:
     config = testing.get_config()
     config.checkpoint_every_epochs = _OVERRIDES["checkpoint_every_epochs"]
     config.num_devices = num_devices
-    s = train.train_and_evaluate(config, str(workdir))["state"]
-    tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step}
+    config.polish.mode = _OVERRIDES["polish.mode"]
+    out = train.train_and_evaluate(config, str(workdir))
+    s = out["state"]
+    tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step,
+            "polished": out["polished_batch_stats"]}
     return {name: np.asarray(jax.device_get(leaf)) for name, leaf in checkpoint.named_leaves(tree)}
 
 

@@ -103,5 +103,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval_every_epochs = 10.0
     c.checkpoint_every_epochs = 20.0
     c.keep_checkpoints = 2
+    c.resume = "latest"             # "latest", or "latest_good": skip checkpoints that cannot be read
     c.progress_bar = True
     return c
