@@ -59,3 +59,22 @@ def test_bad_parameters_name_the_field():
         sim.simulate(2, 1.0, 1.0, -0.1)
     with raises_invalid("jitter", "weibull", "one of gamma, lognormal"):
         sim.simulate(2, 1.0, 1.0, 0.1, jitter="weibull")
+
+
+@pytest.mark.parametrize("n,tu,cv,ucv", [(3, 0.37, 0.2, 0.5), (5, 2.3, 0.0, 1.0), (4, 0.05, 0.3, 2.0)])
+def test_updater_jitter_event_loop_equals_vectorised(n, tu, cv, ucv):
+    kw = dict(n_cycles=240, n_replicas=4, seed=3, update_cv=ucv)
+    a = sim.simulate(n, 1.0, tu, cv, **kw)
+    b = sim.simulate_events(n, 1.0, tu, cv, **kw)
+    np.testing.assert_array_equal(a.count_hist, b.count_hist)
+    np.testing.assert_array_equal(a.staleness_hist, b.staleness_hist)
+    assert a.count_hist.sum() == a.n_cycles
+
+
+@pytest.mark.parametrize("n,tu,cv,ucv", [(8, 0.37, 0.3, 0.5), (4, 2.0, 0.0, 1.0)])
+def test_updater_jitter_keeps_the_exact_means(n, tu, cv, ucv):
+    s = sim.simulate(n, 1.0, tu, cv, n_cycles=20_000, seed=2, update_cv=ucv)
+    assert s.mean_count == pytest.approx(n * tu, rel=0.02)
+    assert s.mean_staleness == pytest.approx(1 / tu + 1, rel=0.02)
+    with raises_invalid("update_cv", -1.0, "a finite number >= 0"):
+        sim.simulate(2, 1.0, 1.0, 0.1, update_cv=-1.0)

@@ -23,6 +23,13 @@ pooled because with ``cv = 0`` (or tiny ``cv``) one replica keeps its phases for
 
 Compute times: ``"gamma"`` (default; shape ``1 / cv^2``), ``"lognormal"`` (same mean and cv) or
 deterministic when ``cv = 0``.
+
+Updater jitter (``update_cv > 0``): the updater's cycles are i.i.d. gamma lengths of mean ``T_u``
+and coefficient of variation ``update_cv``, a stationary renewal process (the cycle in progress at
+time 0 is length-biased, time 0 uniform in it; earlier boundaries are drawn backwards from a second
+stream of the same seed). The straddling cycle 0 is left out of the count histogram (its start is
+before the simulated learners); observed cycles are ``1 .. n``. ``update_cv = 0`` is the fixed
+cycle above, draw for draw.
 """
 from __future__ import annotations
 
@@ -88,7 +95,8 @@ class SimResult:
         return float(np.dot((x - self.mean_staleness) ** 2, self.staleness_pmf))
 
 
-def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jitter: str) -> None:
+def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jitter: str,
+           update_cv: float = 0.0) -> None:
     if isinstance(n_workers, bool) or int(n_workers) != n_workers or n_workers < 1:
         raise ConfigError("n_workers", n_workers, "an integer >= 1")
     for field, v in (("t_compute_s", t_compute_s), ("t_update_s", t_update_s)):
@@ -98,6 +106,47 @@ def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jit
         raise ConfigError("cv", cv, "a finite number >= 0")
     if jitter not in JITTERS:
         raise ConfigError("jitter", jitter, f"one of {', '.join(JITTERS)}")
+    if not (math.isfinite(update_cv) and update_cv >= 0):
+        raise ConfigError("update_cv", update_cv, "a finite number >= 0")
+
+
+class _Cycles:
+    """The updater's cycle boundaries of one replica: ``index(t)`` is the cycle holding ``t``
+    (= the version published at ``t``), ``boundary(k)`` the start of cycle ``k``."""
+
+    def __init__(self, rng: np.random.Generator, back: np.random.Generator, t_update_s: float,
+                 update_cv: float, cycles: int):
+        self.tu, self.cv, self.back = t_update_s, update_cv, back
+        if update_cv == 0:
+            self.first, self.last = 0, cycles - 1
+            self.horizon = cycles * t_update_s
+            return
+        a = 1.0 / update_cv ** 2
+        length = rng.gamma(a + 1.0, t_update_s / a)             # the cycle straddling 0: length-biased
+        b0 = -rng.random() * length
+        forward = b0 + length + np.concatenate([[0.0], np.cumsum(rng.gamma(a, t_update_s / a, cycles))])
+        self.b = np.concatenate([[b0], forward])                # b_0 .. b_{cycles+1}
+        self.base = 0                                            # boundaries before b_0
+        self.first, self.last = 1, cycles
+        self.horizon = float(self.b[-1])
+
+    def _extend_back(self, t_min: float) -> None:
+        a = 1.0 / self.cv ** 2
+        while self.b[0] > t_min:  # blocks of a fixed size: the same stream whatever asks for it
+            lengths = self.back.gamma(a, self.tu / a, 64)
+            self.b = np.concatenate([self.b[0] - np.cumsum(lengths)[::-1], self.b])
+            self.base += 64
+
+    def index(self, t: np.ndarray) -> np.ndarray:
+        if self.cv == 0:
+            return np.floor(t / self.tu).astype(np.int64)
+        t = np.asarray(t)
+        if t.size:
+            self._extend_back(float(np.min(t)))
+        return np.searchsorted(self.b, t, side="right").astype(np.int64) - 1 - self.base
+
+    def boundary(self, k: int) -> float:
+        return k * self.tu if self.cv == 0 else float(self.b[self.base + k])
 
 
 class _Draws:
@@ -156,7 +205,7 @@ def _plan(n_workers: int, t_compute_s: float, t_update_s: float, n_cycles: int,
 
 def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
              n_cycles: int = 20_000, n_replicas: int | None = None, jitter: str = "gamma",
-             seed: int = 0, chunk_events: int = 2_000_000) -> SimResult:
+             seed: int = 0, chunk_events: int = 2_000_000, update_cv: float = 0.0) -> SimResult:
     """Vectorised simulation: histograms of gradients per update and of staleness.
 
     Args:
@@ -169,38 +218,41 @@ def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 
       jitter: ``"gamma"`` or ``"lognormal"``.
       seed: Seed of numpy's PCG64 generator.
       chunk_events: Learners are processed in chunks of about this many events (memory bound).
+      update_cv: Coefficient of variation of the updater cycle (gamma; 0 = fixed cycles).
 
     Returns:
       :class:`SimResult`.
     """
-    _check(n_workers, t_compute_s, t_update_s, cv, jitter)
+    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv)
     rng = np.random.default_rng(seed)
+    back = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     draws = _Draws(rng, t_compute_s, cv, jitter)
     n_replicas, cycles = _plan(n_workers, t_compute_s, t_update_s, n_cycles, n_replicas)
-    horizon = cycles * t_update_s
-    per_learner = horizon / t_compute_s + 4
+    per_learner = cycles * t_update_s / t_compute_s + 4
     chunk = max(1, int(chunk_events // per_learner))
-    expected_events = n_workers * horizon / t_compute_s
+    expected_events = n_workers * cycles * t_update_s / t_compute_s
     sparse = cycles > 4 * expected_events + 1024
     count_hist = np.zeros(1, np.int64)
     stale_hist = np.zeros(1, np.int64)
     n_grad = 0
     for _ in range(n_replicas):
+        clock = _Cycles(rng, back, t_update_s, update_cv, cycles)
         per_cycle = None if sparse else np.zeros(cycles, np.int64)
         sparse_cycles = []
         for lo in range(0, n_workers, chunk):
             n = min(chunk, n_workers - lo)
-            times, durations = draws.completions(n, horizon)
+            times, durations = draws.completions(n, clock.horizon)
             ok = np.isfinite(times)
             t, d = times[ok], durations[ok]
-            cyc = np.floor(t / t_update_s).astype(np.int64)
-            stale = cyc + 1 - np.floor((t - d) / t_update_s).astype(np.int64)
+            cyc = clock.index(t)
+            stale = cyc + 1 - clock.index(t - d)
             stale_hist = _add_hist(stale_hist, np.bincount(stale))
             n_grad += t.size
+            seen = cyc[cyc >= clock.first] - clock.first  # observed cycles only
             if sparse:
-                sparse_cycles.append(cyc)
+                sparse_cycles.append(seen)
             else:
-                per_cycle += np.bincount(cyc, minlength=cycles)[:cycles]
+                per_cycle += np.bincount(seen, minlength=cycles)[:cycles]
         if sparse:
             cyc = np.concatenate(sparse_cycles) if sparse_cycles else np.zeros(0, np.int64)
             _, counts = np.unique(cyc, return_counts=True)
@@ -222,30 +274,31 @@ def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def simulate_events(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
                     n_cycles: int = 200, n_replicas: int | None = None, jitter: str = "gamma",
-                    seed: int = 0) -> SimResult:
+                    seed: int = 0, update_cv: float = 0.0) -> SimResult:
     """Literal event-driven simulation (reference; use small configurations).
 
     Same arguments, random draws and result as :func:`simulate` (with one chunk per replica).
     """
-    _check(n_workers, t_compute_s, t_update_s, cv, jitter)
+    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv)
     rng = np.random.default_rng(seed)
+    back = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     draws = _Draws(rng, t_compute_s, cv, jitter)
     n_replicas, cycles = _plan(n_workers, t_compute_s, t_update_s, n_cycles, n_replicas)
-    horizon = cycles * t_update_s
     count_hist = np.zeros(1, np.int64)
     stale_hist = np.zeros(1, np.int64)
     n_grad = 0
     for _ in range(n_replicas):
-        times, durations = draws.completions(n_workers, horizon)
+        clock = _Cycles(rng, back, t_update_s, update_cv, cycles)
+        times, durations = draws.completions(n_workers, clock.horizon)
         # Learner state: index of its current computation and the version it read.
         pos = np.zeros(n_workers, np.int64)
-        read = [math.floor((times[i, 0] - durations[i, 0]) / t_update_s) for i in range(n_workers)]
+        read = list(clock.index(times[:, 0] - durations[:, 0]))
         heap = [(times[i, 0], i) for i in range(n_workers) if np.isfinite(times[i, 0])]
         heapq.heapify(heap)
         version, buffer, counts = 0, [], []
         k = 1
-        while k <= cycles:
-            boundary = k * t_update_s
+        while k <= clock.last + 1:
+            boundary = clock.boundary(k)
             if heap and heap[0][0] < boundary:
                 t, i = heapq.heappop(heap)
                 buffer.append(read[i])      # hand the gradient to the updater
@@ -255,8 +308,9 @@ def simulate_events(n_workers: int, t_compute_s: float, t_update_s: float, cv: f
                 if np.isfinite(nxt):
                     heapq.heappush(heap, (nxt, i))
             else:
-                version = k                 # cycle k-1's update is published at k T_u
-                counts.append(len(buffer))  # cycle k gathers the buffer ...
+                version = k                 # cycle k-1's update is published at its end
+                if k - 1 >= clock.first:    # cycle k gathers the buffer of cycle k-1 ...
+                    counts.append(len(buffer))
                 for v in buffer:            # ... and its update publishes version k + 1
                     s = (k + 1) - 1 - v
                     if s >= stale_hist.size:

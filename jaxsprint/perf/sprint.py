@@ -45,9 +45,21 @@ deterministic forms ``K = N floor(r) + Binomial(N, frac r)`` and
 ``P(S = floor(q) + 2) = frac(q)``. The ``N``-fold convolution is a power of the characteristic
 function on an FFT grid (exact up to float32 rounding when the grid covers the support).
 
-pmfs are returned on windows ``[offset, offset + size)``; the mass outside a window (negligible
-when the window is sized by :func:`suggest_windows`) is lumped into its first and last bins so
-each pmf sums to 1.
+**Updater jitter** (``update_cv = cv_u > 0``; 0 is the fixed cycle, exactly): the cycles are a
+stationary renewal process of gamma lengths (mean ``T_u``). An update's cycle is a typical one,
+``L ~ Gamma(T_u, cv_u)``, and given ``L`` the learners' counts are independent stationary renewal
+counts in ``L``: ``P(K = k) = E_L[P(sum_i K_i(L) = k)]``. A gradient read at ``s`` and finished at
+``s + T`` has ``S = 1 + N_u(s, s + T]``, the updater's stationary count in a window of its compute
+time: ``S - 1`` is a renewal count of cv ``cv_u`` in ``Q = T / T_u`` mixed over
+``Q ~ Gamma(T_c / T_u, cv)``; with ``cv_u = 0`` that count is ``ceil(Q - x)``, the two-point law.
+Both means stay exact (``E[K] = N T_u / T_c``, ``E[S] = T_c / T_u + 1``). The mixing variable is
+cut into cells of exact probability and conditional mean (:func:`jaxsprint.perf.renewal.gamma_cells`).
+
+**Lattices and limits** (docs/perf-model.md, "Limits and approximations at the edges"): pmfs are
+returned on lattices ``offset + stride * i`` (float32 offsets holding exact integers, power-of-two
+strides); the mass outside a window is lumped into its first and last bins so each pmf sums to 1.
+Where the exact form does not fit a window (or passes 2^24), a moment-matched discretised gamma
+on a coarser lattice is used, so memory stays bounded for any valid input.
 """
 from __future__ import annotations
 
@@ -419,7 +431,7 @@ def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv:
     ``sqrt(N (cv^2 r + min(r, 1/4)) + (N r cv_u)^2)``; the staleness
     ``sqrt((q cv)^2 + q cv_u^2 + min(q, 1/4))``); otherwise the large one, beyond which
     :func:`distributions` uses coarser lattices (the moment-matched approximation), so memory and
-    time stay bounded. ``mix_nodes`` is 1 without updater jitter, 32 with it. Take the maximum over
+    time stay bounded. ``mix_nodes`` is 1 without updater jitter, 64 with it. Take the maximum over
     a batch of configurations before vmapping.
     """
     n, r = float(n_workers), float(t_update_s) / float(t_compute_s)
@@ -431,7 +443,7 @@ def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv:
             "count_size": 16.0 * math.sqrt(var_k) + 20.0 * var_k / max(n * r, 1e-30) + 16,
             "staleness_size": 16.0 * math.sqrt(var_s) + 20.0 * var_s / max(q, 1e-30) + 16}
     small = all(need[k] <= v for k, v in SMALL_WINDOWS.items())
-    return {**(SMALL_WINDOWS if small else LARGE_WINDOWS), "mix_nodes": 1 if ucv == 0 else 32}
+    return {**(SMALL_WINDOWS if small else LARGE_WINDOWS), "mix_nodes": 1 if ucv == 0 else 64}
 
 
 def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: float = 0.0,
