@@ -270,3 +270,104 @@ def test_updater_jitter_agrees_with_simulator(n, r, cv, ucv):
     # The count's TV includes the sampling noise of 100,000 cycles (about 0.02 between two seeds at
     # (4, 3.0, 0, 0.3)); the staleness histogram (several 10^5 gradients) is sharper.
     assert tv[0] < 0.03 and tv[1] < 0.02, tv
+
+
+# ---------------------------------------------------------------------------- shifted updater cycle
+
+
+def ref_shifted_renewal_pmf(w, cv, shift, kmax):
+    """P(N(w) = k) of a stationary renewal process with intervals shift + Gamma(mean 1 - shift, cv_G)."""
+    m, a = 1.0 - shift, (1.0 - shift) ** 2 / cv ** 2
+
+    def g(j):  # E[(c - Gamma(j a, mean j m))_+] at c = w - j shift
+        if j == 0:
+            return w
+        c = w - j * shift
+        if c <= 0:
+            return 0.0
+        return c * special.gammainc(j * a, j * a * c / (j * m)) - j * m * special.gammainc(j * a + 1, j * a * c / (j * m))
+
+    gs = [g(j) for j in range(kmax + 2)]
+    tail = [1.0] + [gs[k - 1] - gs[k] for k in range(1, kmax + 2)]
+    return np.array([tail[k] - tail[k + 1] for k in range(kmax + 1)])
+
+
+@pytest.mark.parametrize("w,cv,shift", [(2.3, 0.5, 0.4), (0.7, 1.5, 0.6), (5.0, 0.2, 0.9), (1.0, 3.0, 0.5)])
+def test_shifted_renewal_count_matches_float64_reference(w, cv, shift):
+    from jaxsprint.perf import renewal as rn
+
+    k = jnp.arange(1, 40, dtype=jnp.float32)
+    pmf = np.asarray(rn.pmf_from_tail(rn.renewal_tail(k, jnp.float32(w), jnp.float32(cv), jnp.float32(shift))))
+    ref = ref_shifted_renewal_pmf(w, cv, shift, 39)
+    np.testing.assert_allclose(pmf, ref, atol=2e-6)
+    assert np.dot(np.arange(40), pmf) == pytest.approx(w, rel=1e-5)   # stationary: E N(w) = w
+    assert pmf[int(w / shift) + 2:].sum() < 1e-6                      # at most w / shift + 1 cycles fit
+
+
+def test_update_shift_zero_is_todays_model_and_simulator():
+    a = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, **W, mix_nodes=32)
+    b = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 0.0, **W, mix_nodes=32)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert sprint.suggest_windows(6, 1.0, 1.3, 0.3, 0.7) == sprint.suggest_windows(6, 1.0, 1.3, 0.3, 0.7, 0.0)
+    kw = dict(n_cycles=400, seed=2, update_cv=0.7)
+    s0, s1 = sim.simulate(6, 1.0, 1.3, 0.3, **kw), sim.simulate(6, 1.0, 1.3, 0.3, update_shift_s=0.0, **kw)
+    np.testing.assert_array_equal(s0.count_hist, s1.count_hist)
+    np.testing.assert_array_equal(s0.staleness_hist, s1.staleness_hist)
+    # A tiny shift is close to none: the model is continuous in it.
+    c = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 1e-4, **W, mix_nodes=32)
+    np.testing.assert_allclose(np.asarray(c.count_pmf), np.asarray(a.count_pmf), atol=2e-3)
+    np.testing.assert_allclose(np.asarray(c.staleness_pmf), np.asarray(a.staleness_pmf), atol=2e-3)
+
+
+def test_shifted_cycle_keeps_the_means_and_narrows_the_count():
+    kw = dict(**W, mix_nodes=32)
+    a = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, **kw)
+    b = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, 1.2, **kw)
+    for d in (a, b):
+        x = float(d.count_offset) + np.arange(d.count_pmf.size)
+        y = float(d.staleness_offset) + np.arange(d.staleness_pmf.size)
+        assert np.dot(x, d.count_pmf) == pytest.approx(8.0, rel=2e-3)
+        assert np.dot(y, d.staleness_pmf) == pytest.approx(1.5, rel=2e-3)
+    # No cycle is shorter than 1.2 T_c: far less mass on the near-empty updates than a gamma cycle.
+    assert float(np.asarray(b.count_pmf)[:2].sum()) < 0.5 * float(np.asarray(a.count_pmf)[:2].sum())
+    stale, count = sprint.delay_pmfs(4, 1.0, 2.0, 0.2, 0.6, max_staleness=12, max_count=60, update_shift_s=1.2)
+    for p, mean in ((stale, 1.5), (count, 8.0)):
+        assert float(jnp.sum(p)) == pytest.approx(1.0, abs=1e-5)
+        assert float(jnp.dot(jnp.arange(p.size), p)) == pytest.approx(mean, rel=2e-3)
+    np.testing.assert_allclose(np.asarray(count)[:7], fixed(b.count_offset, b.count_pmf, 8)[:7], atol=2e-3)
+
+
+def test_update_shift_validation():
+    sprint.validate_timings(4, 1.0, 2.0, 0.2, update_cv=2.0, update_shift_s=1.0)  # tail cv 4: allowed
+    with raises_invalid("t_update_shift", 2.0, "< t_update=2.0"):
+        sprint.validate_timings(4, 1.0, 2.0, 0.2, update_cv=0.5, update_shift_s=2.0)
+    with raises_invalid("t_update_shift", -0.1, ">= 0"):
+        sprint.validate_timings(4, 1.0, 2.0, 0.2, update_cv=0.5, update_shift_s=-0.1)
+    with raises_invalid("t_update_shift", 1.5, "<= 4"):
+        sprint.validate_timings(4, 1.0, 2.0, 0.2, update_cv=2.0, update_shift_s=1.5)   # tail cv 8
+    with raises_invalid("t_update_shift", 1.0, "< t_update"):
+        sprint.delay_pmfs(4, 1.0, 1.0, 0.2, 0.5, max_staleness=4, max_count=8, update_shift_s=1.0)
+    with raises_invalid("update_shift_s", 3.0, "t_update_s"):
+        sim.simulate(4, 1.0, 2.0, 0.2, update_cv=0.5, update_shift_s=3.0, n_cycles=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,r,cv,ucv,shift", [(4, 1.78, 0.26, 0.5, 0.6), (8, 0.5, 0.3, 0.5, 0.3),
+                                              (2, 2.0, 0.3, 1.5, 0.5), (4, 1.0, 0.3, 2.0, 0.5)])
+def test_shifted_updater_agrees_with_simulator(n, r, cv, ucv, shift):
+    s = sim.simulate(n, 1.0, r, cv, n_cycles=100_000, seed=1, update_cv=ucv, update_shift_s=shift * r)
+    d = sprint.distributions(n, 1.0, r, cv, ucv, shift * r,
+                             **sprint.suggest_windows(n, 1.0, r, cv, ucv, shift * r))
+    rel = 0.01 if ucv <= 0.5 else 0.02   # the simulator's own noise grows with the cycle's cv
+    assert s.mean_count == pytest.approx(float(d.mean_count), rel=rel)
+    assert s.mean_staleness == pytest.approx(float(d.mean_staleness), rel=rel)
+    tv = []
+    for off, stride, pmf, emp in ((d.count_offset, d.count_stride, d.count_pmf, s.count_pmf),
+                                  (d.staleness_offset, d.staleness_stride, d.staleness_pmf, s.staleness_pmf)):
+        size = 2 * max(emp.size, 64)
+        model = np.asarray(sprint.to_fixed_support(off, pmf, size - 1, stride=stride), np.float64)
+        e = np.zeros(size)
+        e[:emp.size] = emp
+        tv.append(0.5 * np.abs(model - e).sum())
+    assert tv[0] < 0.04 and tv[1] < 0.015, tv

@@ -157,6 +157,15 @@ def shape_of(cv):
     return jitter, 1.0 / (cv_safe * cv_safe)
 
 
+def tail_shape(cv, shift):
+    """``(jitter, shape)`` of the gamma tail ``G`` of an interval ``shift + G`` of mean 1 and cv ``cv``:
+    ``G`` has mean ``1 - shift`` and cv ``cv / (1 - shift)``, so shape ``((1 - shift) / cv)^2``
+    (``shift = 0``: :func:`shape_of`, bit for bit)."""
+    jitter, alpha = shape_of(cv)
+    one_minus = 1.0 - shift
+    return jitter, alpha * one_minus * one_minus
+
+
 # ----------------------------------------------------------------------------------------------
 # Stationary renewal count
 # ----------------------------------------------------------------------------------------------
@@ -168,17 +177,23 @@ def integer_part_tail(k, w):
     return jnp.where(k <= fl, 1.0, jnp.where(k == fl + 1.0, w - fl, 0.0))
 
 
-def renewal_tail(k, w, cv):
-    """``P(K(w) >= k)`` of a stationary renewal process with gamma intervals (mean 1, ``cv``).
+def renewal_tail(k, w, cv, shift=0.0):
+    """``P(K(w) >= k)`` of a stationary renewal process with (shifted) gamma intervals (mean 1, ``cv``).
 
     ``k``: consecutive integers ``k0 + 1 .. k0 + W - 1`` (float array); ``w``: window (scalar).
     Uses ``1 + U_{k-1} - U_k`` with ``U_j = E[(S_j - w)_+]`` below the mean and ``G_{k-1} - G_k``
     above it, both small there, so float32 does not cancel. ``cv = 0``: ``clip(w - k + 1, 0, 1)``.
+
+    ``shift`` in ``[0, 1)``: each interval is ``shift + G`` with ``G`` gamma of mean ``1 - shift``
+    (:func:`tail_shape`). Cox's identity holds for any interval law, and a sum of ``j`` intervals is
+    ``j shift + Gamma(mean j (1 - shift), shape j a_G)``, so ``G_j(w) = E[(c - Gamma)_+]`` and
+    ``U_j = E[(Gamma - c)_+]`` at ``c = w - j shift`` (the difference to the sum's mean, ``w - j``,
+    is the same as without a shift; ``c <= 0`` gives ``G_j = 0``, ``U_j = j - w``).
     """
-    jitter, alpha = shape_of(cv)
+    jitter, alpha = tail_shape(cv, shift)
     j = jnp.concatenate([k[:1] - 1.0, k])          # j = k0 .. k0 + W - 1
     safe = jnp.maximum(j, 1.0)
-    g_lo, u_up = partials(safe, safe * alpha, w - safe, w)
+    g_lo, u_up = partials(safe * (1.0 - shift), safe * alpha, w - safe, jnp.maximum(w - safe * shift, 0.0))
     g_lo = jnp.where(j > 0, g_lo, w)               # G_0(w) = w
     u_up = jnp.where(j > 0, u_up, 0.0)             # U_0 = 0
     upper = 1.0 + u_up[:-1] - u_up[1:]
@@ -188,12 +203,19 @@ def renewal_tail(k, w, cv):
     return jnp.where(k <= 0, 1.0, jnp.clip(jnp.where(jitter, tail, det), 0.0, 1.0))
 
 
-def renewal_variance(w, cv):
-    """Asymptotic variance ``cv^2 w + (1 - cv^4) / 6`` of the count in a long window, floored at
-    the Bernoulli bound ``w (1 - w)`` for short ones (used to size windows and for the moment-
-    matched approximation)."""
+def renewal_variance(w, cv, shift=0.0):
+    """Asymptotic variance ``cv^2 w + C`` of the count in a long window, floored at the Bernoulli
+    bound ``w (1 - w)`` for short ones and, with a shift, at ``cv^2 w / 2`` (used to size windows and for the
+    moment-matched approximation).
+
+    ``C = mu_2^2 / 2 - mu_3 / 3 = 1/6 + cv^4 / 2 - k_3 / 3`` with ``k_3`` the third central moment
+    of an interval: ``2 cv^4`` for a gamma (``C = (1 - cv^4) / 6``), ``2 cv^4 / (1 - shift)`` for
+    ``shift + G``.
+    """
     c2 = cv * cv
-    return jnp.maximum(c2 * w + (1.0 - c2 * c2) / 6.0, jnp.maximum(w * (1.0 - w), 0.0))
+    const = (1.0 - c2 * c2) / 6.0 - 2.0 * c2 * c2 / 3.0 * (1.0 / (1.0 - shift) - 1.0)  # shift 0: exactly
+    floor = jnp.where(shift > 0, 0.5 * c2 * w, 0.0)  # C < 0 for bursty tails: keep the linear term
+    return jnp.maximum(jnp.maximum(c2 * w + const, floor), jnp.maximum(w * (1.0 - w), 0.0))
 
 
 def pmf_from_tail(tail):
@@ -202,6 +224,33 @@ def pmf_from_tail(tail):
     zeros = jnp.zeros(tail.shape[:-1] + (1,), tail.dtype)
     tail = jnp.clip(tail, 0.0, 1.0)
     return jnp.maximum(jnp.concatenate([ones, tail], -1) - jnp.concatenate([tail, zeros], -1), 0.0)
+
+
+def staleness_tail_fixed_updater(s, q, cv):
+    """``P(S >= s)`` at consecutive ``s`` for a fixed updater: ``S = 1 + ceil(Q - x)``, ``Q ~ Gamma(q, cv)``.
+
+    ``P(S >= 1 + m) = E[(Q - m + 1)_+] - E[(Q - m)_+] = 1 - (E[(m - Q)_+] - E[(m - 1 - Q)_+])``,
+    each form used where its terms are small; ``cv = 0``: ``clip(q - m + 1, 0, 1)``.
+    """
+    jitter, alpha = shape_of(cv)
+    m = s - 1.0
+    x = jnp.concatenate([m[:1] - 1.0, m])          # x = m - 1 for the first, then m
+    low, up = partials(q, alpha, x - q, jnp.maximum(x, 0.0))  # E[(x - Q)_+], E[(Q - x)_+]
+    low = jnp.where(x > 0, low, 0.0)
+    upper = up[:-1] - up[1:]
+    lower = 1.0 - (low[1:] - low[:-1])
+    tail = jnp.where(m - 0.5 >= q, upper, lower)
+    det = integer_part_tail(m, q)
+    return jnp.where(m <= 0, 1.0, jnp.clip(jnp.where(jitter, tail, det), 0.0, 1.0))
+
+
+def bounds(mean, var, lower):
+    """Range ``[lo, hi]`` that holds a law of this mean and variance (gamma-like upper tail)."""
+    sd = jnp.sqrt(var)
+    excess = jnp.maximum(mean - lower, 1e-30)
+    hi = mean + jnp.maximum(8.0 * sd, 20.0 * var / excess) + 4.0
+    lo = jnp.maximum(mean - 8.0 * sd - 4.0, lower)
+    return lo, hi
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,6 +321,15 @@ def gamma_cells(mean, cv, m: int):
     return w, mean * c, mean * half
 
 
+def shifted_gamma_cells(mean, cv, shift, m: int):
+    """:func:`gamma_cells` of ``X = mean shift + G``, ``G ~ Gamma(mean (1 - shift), cv / (1 - shift))``
+    (``X`` has the given mean and cv; ``shift`` in ``[0, 1)`` is relative to the mean): the cells of
+    ``G`` moved by ``mean shift`` (probabilities, widths unchanged; the mixture's mean stays exact)."""
+    one_minus = 1.0 - shift
+    w, c, h = gamma_cells(mean * one_minus, cv / one_minus, m)
+    return w, c + mean * shift, h
+
+
 def box_cf(half, size: int):
     """rfft of a uniform on ``[-half, half]`` put on the integer lattice by linear interpolation
     (each point's mass goes to its two neighbours): a nonnegative kernel of mean 0 and finite
@@ -327,6 +385,6 @@ def discretised_gamma(mean, var, lower, offset, stride, size: int):
     return pmf_from_tail(1.0 - cdf)
 
 
-__all__ = ["FLOAT32_EXACT_INT", "GAMMA_EXACT_MAX_SHAPE", "box_cf", "incomplete_gamma", "discretised_gamma", "gamma_cells",
+__all__ = ["FLOAT32_EXACT_INT", "GAMMA_EXACT_MAX_SHAPE", "bounds", "box_cf", "incomplete_gamma", "discretised_gamma", "gamma_cells",
            "gamma_parts", "integer_part_tail", "lattice", "lower_partial", "partials", "pmf_from_tail", "renewal_tail", "renewal_variance",
-           "shape_of", "upper_partial"]
+           "shape_of", "shifted_gamma_cells", "staleness_tail_fixed_updater", "tail_shape", "upper_partial"]

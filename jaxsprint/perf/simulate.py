@@ -30,6 +30,10 @@ time 0 is length-biased, time 0 uniform in it; earlier boundaries are drawn back
 stream of the same seed). The straddling cycle 0 is left out of the count histogram (its start is
 before the simulated learners); observed cycles are ``1 .. n``. ``update_cv = 0`` is the fixed
 cycle above, draw for draw.
+
+Shifted updater cycles (``update_shift_s = s > 0``): each cycle is ``s + G`` with ``G`` gamma of mean
+``T_u - s`` and cv ``update_cv T_u / (T_u - s)`` (the cycle keeps mean ``T_u`` and cv ``update_cv``);
+the straddling cycle is length-biased accordingly. ``s = 0`` is the gamma cycle, draw for draw.
 """
 from __future__ import annotations
 
@@ -96,7 +100,7 @@ class SimResult:
 
 
 def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jitter: str,
-           update_cv: float = 0.0) -> None:
+           update_cv: float = 0.0, update_shift_s: float = 0.0) -> None:
     if isinstance(n_workers, bool) or int(n_workers) != n_workers or n_workers < 1:
         raise ConfigError("n_workers", n_workers, "an integer >= 1")
     for field, v in (("t_compute_s", t_compute_s), ("t_update_s", t_update_s)):
@@ -108,6 +112,8 @@ def _check(n_workers: int, t_compute_s: float, t_update_s: float, cv: float, jit
         raise ConfigError("jitter", jitter, f"one of {', '.join(JITTERS)}")
     if not (math.isfinite(update_cv) and update_cv >= 0):
         raise ConfigError("update_cv", update_cv, "a finite number >= 0")
+    if not (math.isfinite(update_shift_s) and 0 <= update_shift_s < t_update_s):
+        raise ConfigError("update_shift_s", update_shift_s, f"a finite number in [0, t_update_s={t_update_s!r})")
 
 
 class _Cycles:
@@ -115,25 +121,30 @@ class _Cycles:
     (= the version published at ``t``), ``boundary(k)`` the start of cycle ``k``."""
 
     def __init__(self, rng: np.random.Generator, back: np.random.Generator, t_update_s: float,
-                 update_cv: float, cycles: int):
-        self.tu, self.cv, self.back = t_update_s, update_cv, back
+                 update_cv: float, cycles: int, shift: float = 0.0):
+        self.tu, self.cv, self.back, self.shift = t_update_s, update_cv, back, shift
         if update_cv == 0:
             self.first, self.last = 0, cycles - 1
             self.horizon = cycles * t_update_s
             return
-        a = 1.0 / update_cv ** 2
-        length = rng.gamma(a + 1.0, t_update_s / a)             # the cycle straddling 0: length-biased
+        # Cycles shift + G, G gamma of mean T_u - shift (shift 0: the gamma cycle, draw for draw).
+        tail = (t_update_s - shift) / t_update_s
+        self.a = a = tail * tail / update_cv ** 2
+        self.scale = scale = (t_update_s - shift) / a
+        # The cycle straddling 0 is length-biased: density ~ (shift + g) f(g), a mixture of shift + G
+        # (weight shift / T_u) and shift + G' with G' the size-biased gamma (shape a + 1).
+        plain = shift > 0 and rng.random() < shift / t_update_s
+        length = shift + rng.gamma(a if plain else a + 1.0, scale)
         b0 = -rng.random() * length
-        forward = b0 + length + np.concatenate([[0.0], np.cumsum(rng.gamma(a, t_update_s / a, cycles))])
+        forward = b0 + length + np.concatenate([[0.0], np.cumsum(shift + rng.gamma(a, scale, cycles))])
         self.b = np.concatenate([[b0], forward])                # b_0 .. b_{cycles+1}
         self.base = 0                                            # boundaries before b_0
         self.first, self.last = 1, cycles
         self.horizon = float(self.b[-1])
 
     def _extend_back(self, t_min: float) -> None:
-        a = 1.0 / self.cv ** 2
         while self.b[0] > t_min:  # blocks of a fixed size: the same stream whatever asks for it
-            lengths = self.back.gamma(a, self.tu / a, 64)
+            lengths = self.shift + self.back.gamma(self.a, self.scale, 64)
             self.b = np.concatenate([self.b[0] - np.cumsum(lengths)[::-1], self.b])
             self.base += 64
 
@@ -205,7 +216,8 @@ def _plan(n_workers: int, t_compute_s: float, t_update_s: float, n_cycles: int,
 
 def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
              n_cycles: int = 20_000, n_replicas: int | None = None, jitter: str = "gamma",
-             seed: int = 0, chunk_events: int = 2_000_000, update_cv: float = 0.0) -> SimResult:
+             seed: int = 0, chunk_events: int = 2_000_000, update_cv: float = 0.0,
+             update_shift_s: float = 0.0) -> SimResult:
     """Vectorised simulation: histograms of gradients per update and of staleness.
 
     Args:
@@ -218,12 +230,14 @@ def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 
       jitter: ``"gamma"`` or ``"lognormal"``.
       seed: Seed of numpy's PCG64 generator.
       chunk_events: Learners are processed in chunks of about this many events (memory bound).
-      update_cv: Coefficient of variation of the updater cycle (gamma; 0 = fixed cycles).
+      update_cv: Coefficient of variation of the updater cycle (0 = fixed cycles).
+      update_shift_s: Fixed part ``s`` of the updater cycle in ``[0, T_u)``: cycles ``s + G``, ``G``
+        gamma of mean ``T_u - s`` (the cycle keeps mean ``T_u`` and cv ``update_cv``).
 
     Returns:
       :class:`SimResult`.
     """
-    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv)
+    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv, update_shift_s)
     rng = np.random.default_rng(seed)
     back = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     draws = _Draws(rng, t_compute_s, cv, jitter)
@@ -236,7 +250,7 @@ def simulate(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 
     stale_hist = np.zeros(1, np.int64)
     n_grad = 0
     for _ in range(n_replicas):
-        clock = _Cycles(rng, back, t_update_s, update_cv, cycles)
+        clock = _Cycles(rng, back, t_update_s, update_cv, cycles, update_shift_s)
         per_cycle = None if sparse else np.zeros(cycles, np.int64)
         sparse_cycles = []
         for lo in range(0, n_workers, chunk):
@@ -274,12 +288,12 @@ def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def simulate_events(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, *,
                     n_cycles: int = 200, n_replicas: int | None = None, jitter: str = "gamma",
-                    seed: int = 0, update_cv: float = 0.0) -> SimResult:
+                    seed: int = 0, update_cv: float = 0.0, update_shift_s: float = 0.0) -> SimResult:
     """Literal event-driven simulation (reference; use small configurations).
 
     Same arguments, random draws and result as :func:`simulate` (with one chunk per replica).
     """
-    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv)
+    _check(n_workers, t_compute_s, t_update_s, cv, jitter, update_cv, update_shift_s)
     rng = np.random.default_rng(seed)
     back = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     draws = _Draws(rng, t_compute_s, cv, jitter)
@@ -288,7 +302,7 @@ def simulate_events(n_workers: int, t_compute_s: float, t_update_s: float, cv: f
     stale_hist = np.zeros(1, np.int64)
     n_grad = 0
     for _ in range(n_replicas):
-        clock = _Cycles(rng, back, t_update_s, update_cv, cycles)
+        clock = _Cycles(rng, back, t_update_s, update_cv, cycles, update_shift_s)
         times, durations = draws.completions(n_workers, clock.horizon)
         # Learner state: index of its current computation and the version it read.
         pos = np.zeros(n_workers, np.int64)

@@ -55,6 +55,14 @@ time: ``S - 1`` is a renewal count of cv ``cv_u`` in ``Q = T / T_u`` mixed over
 Both means stay exact (``E[K] = N T_u / T_c``, ``E[S] = T_c / T_u + 1``). The mixing variable is
 cut into cells of exact probability and conditional mean (:func:`jaxsprint.perf.renewal.gamma_cells`).
 
+**Shifted updater cycle** (``update_shift_s = s``, in ``[0, T_u)``; 0 is the gamma cycle above,
+bit for bit): ``L = s + G``, ``G`` gamma of mean ``T_u - s`` and cv ``cv_u T_u / (T_u - s)`` (``L``
+keeps mean ``T_u`` and cv ``cv_u``): a real cycle has a fixed part (network time, the update's own
+floor) and never the short cycles a gamma of the same cv puts weight on. The count mixes over
+cells of ``G`` moved by ``s``; ``N_u`` is the stationary renewal count of ``s + G`` intervals, whose
+``j``-fold sums are ``j s + Gamma(shape j a_G)`` (:func:`jaxsprint.perf.renewal.renewal_tail`). Means
+stay exact.
+
 **Lattices and limits** (docs/perf-model.md, "Limits and approximations at the edges"): pmfs are
 returned on lattices ``offset + stride * i`` (float32 offsets holding exact integers, power-of-two
 strides); the mass outside a window is lumped into its first and last bins so each pmf sums to 1.
@@ -170,24 +178,6 @@ def learner_count_pmf(ratio: jax.Array, cv: jax.Array, *, size: int = 128
     return k0.astype(jnp.int32), pmf
 
 
-def _staleness_tail_fixed_updater(s, q, cv):
-    """``P(S >= s)`` at consecutive ``s`` for a fixed updater: ``S = 1 + ceil(Q - x)``, ``Q ~ Gamma(q, cv)``.
-
-    ``P(S >= 1 + m) = E[(Q - m + 1)_+] - E[(Q - m)_+] = 1 - (E[(m - Q)_+] - E[(m - 1 - Q)_+])``,
-    each form used where its terms are small; ``cv = 0``: ``clip(q - m + 1, 0, 1)``.
-    """
-    jitter, alpha = rn.shape_of(cv)
-    m = s - 1.0
-    x = jnp.concatenate([m[:1] - 1.0, m])          # x = m - 1 for the first, then m
-    low, up = rn.partials(q, alpha, x - q, jnp.maximum(x, 0.0))  # E[(x - Q)_+], E[(Q - x)_+]
-    low = jnp.where(x > 0, low, 0.0)
-    upper = up[:-1] - up[1:]
-    lower = 1.0 - (low[1:] - low[:-1])
-    tail = jnp.where(m - 0.5 >= q, upper, lower)
-    det = rn.integer_part_tail(m, q)
-    return jnp.where(m <= 0, 1.0, jnp.clip(jnp.where(jitter, tail, det), 0.0, 1.0))
-
-
 @functools.partial(jax.jit, static_argnames=("size",))
 def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.Array, jax.Array]:
     """pmf of the staleness ``S`` of a gradient (per gradient) with a fixed updater cycle.
@@ -209,7 +199,7 @@ def staleness_pmf(q: jax.Array, cv: jax.Array, *, size: int = 256) -> tuple[jax.
     cv = jnp.asarray(cv, jnp.float32)
     s0 = jnp.maximum(jnp.floor(q - 6.0 * q * cv), 1.0)
     s = s0 + jnp.arange(1, size, dtype=jnp.float32)
-    return s0.astype(jnp.int32), rn.pmf_from_tail(_staleness_tail_fixed_updater(s, q, cv))
+    return s0.astype(jnp.int32), rn.pmf_from_tail(rn.staleness_tail_fixed_updater(s, q, cv))
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
@@ -314,22 +304,14 @@ def _moments(offset, stride, pmf):
     return offset + stride * m, stride * stride * jnp.sum(pmf * (x - m) ** 2)
 
 
-def _bounds(mean, var, lower):
-    """Range ``[lo, hi]`` that holds a law of this mean and variance (gamma-like upper tail)."""
-    sd = jnp.sqrt(var)
-    excess = jnp.maximum(mean - lower, 1e-30)
-    hi = mean + jnp.maximum(8.0 * sd, 20.0 * var / excess) + 4.0
-    lo = jnp.maximum(mean - 8.0 * sd - 4.0, lower)
-    return lo, hi
-
-
-def _count(n, r, cv, ucv, learner_size: int, size: int, m: int):
-    """Count pmf: cells over the updater cycle ``L``, each the FFT power of one learner's pmf."""
+def _count(n, r, cv, ucv, shift, learner_size: int, size: int, m: int):
+    """Count pmf: cells over the updater cycle ``L`` (``shift`` relative to ``T_u``), each the FFT
+    power of one learner's pmf."""
     mean = n * r
     var_size = n * (cv * cv * r + jnp.minimum(r, 0.25)) + (n * r * ucv) ** 2
-    lo, hi = _bounds(mean, var_size, 0.0)
+    lo, hi = rn.bounds(mean, var_size, 0.0)
     offset, stride = rn.lattice(lo, hi, size)
-    w, c, h = rn.gamma_cells(r, ucv, m)
+    w, c, h = rn.shifted_gamma_cells(r, ucv, shift, m)
     omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
 
     def node(c_m, h_m):
@@ -351,22 +333,23 @@ def _count(n, r, cv, ucv, learner_size: int, size: int, m: int):
     return offset, stride, jnp.where(exact, exact_pmf, approx_pmf), exact
 
 
-def _staleness(q, cv, ucv, size: int, m: int):
-    """Staleness pmf: ``S = 1 + N_u(T)``, mixed over cells of ``Q = T / T_u``."""
+def _staleness(q, cv, ucv, shift, size: int, m: int):
+    """Staleness pmf: ``S = 1 + N_u(T)``, mixed over cells of ``Q = T / T_u`` (updater intervals
+    ``shift + G`` in units of ``T_u``)."""
     mean = q + 1.0
     frac = q - jnp.floor(q)
-    var_u = jnp.where(ucv > 0, rn.renewal_variance(q, ucv),
+    var_u = jnp.where(ucv > 0, rn.renewal_variance(q, ucv, shift),
                       jnp.where(q * cv >= 0.5, 1.0 / 6.0, frac * (1.0 - frac)))
     var = (q * cv) ** 2 + var_u
-    lo, hi = _bounds(mean, (q * cv) ** 2 + ucv * ucv * q + jnp.minimum(q, 0.25), 1.0)
+    lo, hi = rn.bounds(mean, (q * cv) ** 2 + ucv * ucv * q + jnp.minimum(q, 0.25), 1.0)
     offset, stride = rn.lattice(lo, hi, size, lower=1.0)
     s = offset + jnp.arange(1, size, dtype=jnp.float32)
-    fixed = rn.pmf_from_tail(_staleness_tail_fixed_updater(s, q, cv))
+    fixed = rn.pmf_from_tail(rn.staleness_tail_fixed_updater(s, q, cv))
     w, c, h = rn.gamma_cells(q, cv, m)
     omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
 
     def node(c_m, h_m):
-        pmf = rn.pmf_from_tail(rn.renewal_tail(s - 1.0, c_m, ucv))
+        pmf = rn.pmf_from_tail(rn.renewal_tail(s - 1.0, c_m, ucv, shift))
         low_end = 1.0 + jnp.maximum(c_m - 8.0 * jnp.sqrt(c_m * ucv * ucv + 0.25) - 1.0, 0.0)
         half = jnp.minimum(h_m, jnp.maximum(low_end - offset - 1.0, 0.0))  # as in _count
         return jnp.fft.rfft(pmf) * rn.box_cf(half, size)
@@ -381,7 +364,8 @@ def _staleness(q, cv, ucv, size: int, m: int):
 
 @functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size", "mix_nodes"))
 def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.Array,
-                  cv: jax.Array = 0.0, update_cv: jax.Array = 0.0, *, learner_size: int = 128,
+                  cv: jax.Array = 0.0, update_cv: jax.Array = 0.0, update_shift_s: jax.Array = 0.0, *,
+                  learner_size: int = 128,
                   count_size: int = 4096, staleness_size: int = 1024, mix_nodes: int = 32
                   ) -> Distributions:
     """Mini-batch and staleness distributions of a configuration (see the module docstring).
@@ -391,7 +375,10 @@ def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.
       t_compute_s: ``T_c``, mean learner time per sub-batch.
       t_update_s: ``T_u``, mean updater cycle.
       cv: Coefficient of variation of the learner time (gamma distributed; 0 = deterministic).
-      update_cv: Coefficient of variation of the updater cycle (gamma; 0 = fixed cycles).
+      update_cv: Coefficient of variation of the updater cycle (0 = fixed cycles).
+      update_shift_s: Fixed part ``s`` of the updater cycle, in ``[0, T_u)``: the cycle is
+        ``s + G`` with ``G`` gamma of mean ``T_u - s`` and cv ``update_cv T_u / (T_u - s)`` (0 =
+        a gamma cycle; checked by :func:`validate_timings`, not here).
       learner_size: Window of one learner's count (static; see :func:`suggest_windows`).
       count_size: Lattice size of the total count (static, >= ``learner_size``).
       staleness_size: Lattice size of the staleness (static).
@@ -409,8 +396,9 @@ def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.
     cv = jnp.asarray(cv, jnp.float32)
     ucv = jnp.asarray(update_cv, jnp.float32)
     r, q = tu / tc, tc / tu
-    c_off, c_stride, c_pmf, c_exact = _count(n, r, cv, ucv, learner_size, count_size, mix_nodes)
-    s_off, s_stride, s_pmf, s_exact = _staleness(q, cv, ucv, staleness_size, mix_nodes)
+    shift = jnp.asarray(update_shift_s, jnp.float32) / tu
+    c_off, c_stride, c_pmf, c_exact = _count(n, r, cv, ucv, shift, learner_size, count_size, mix_nodes)
+    s_off, s_stride, s_pmf, s_exact = _staleness(q, cv, ucv, shift, staleness_size, mix_nodes)
     _, var_k = _moments(c_off, c_stride, c_pmf)
     _, var_s = _moments(s_off, s_stride, s_pmf)
     return Distributions(c_off, c_pmf, s_off, s_pmf, n * r, var_k, q + 1.0, var_s, c_stride, s_stride,
@@ -423,7 +411,7 @@ LARGE_WINDOWS = {"learner_size": 1024, "count_size": 4096, "staleness_size": 409
 
 
 def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv: float,
-                    update_cv: float = 0.0) -> dict[str, int]:
+                    update_cv: float = 0.0, update_shift_s: float = 0.0) -> dict[str, int]:
     """Static sizes for :func:`distributions`: :data:`SMALL_WINDOWS` or :data:`LARGE_WINDOWS`.
 
     The small set is used when it holds both pmfs exactly, judged from the standard deviations
@@ -432,11 +420,13 @@ def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv:
     ``sqrt((q cv)^2 + q cv_u^2 + min(q, 1/4))``); otherwise the large one, beyond which
     :func:`distributions` uses coarser lattices (the moment-matched approximation), so memory and
     time stay bounded. ``mix_nodes`` is 1 without updater jitter, 64 with it. Take the maximum over
-    a batch of configurations before vmapping.
+    a batch of configurations before vmapping. With a shift ``s`` the cycle's tail has cv
+    ``update_cv / (1 - s / T_u)``, which lengthens the longest cell.
     """
     n, r = float(n_workers), float(t_update_s) / float(t_compute_s)
     q, cv, ucv = 1.0 / r, float(cv), float(update_cv)
-    w_max = r * (1.0 + 4.0 * ucv + 3.0 * ucv * ucv)
+    tail = 1.0 - float(update_shift_s) / float(t_update_s)
+    w_max = r * (1.0 + 4.0 * ucv + 3.0 * ucv * ucv / tail)
     var_k = n * (cv * cv * r + min(r, 0.25)) + (n * r * ucv) ** 2
     var_s = (q * cv) ** 2 + q * ucv * ucv + min(q, 0.25)
     need = {"learner_size": 16.0 * math.sqrt(cv * cv * w_max + 0.25) + 8,
@@ -447,8 +437,8 @@ def suggest_windows(n_workers: float, t_compute_s: float, t_update_s: float, cv:
 
 
 def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: float = 0.0,
-               update_cv: float = 0.0, *, max_staleness: int, max_count: int, tail: str = "lump"
-               ) -> tuple[jax.Array, jax.Array]:
+               update_cv: float = 0.0, *, max_staleness: int, max_count: int, tail: str = "lump",
+               update_shift_s: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """Staleness and mini-batch pmfs on fixed supports, for the asynchronous-staleness emulator.
 
     Args:
@@ -457,6 +447,7 @@ def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: floa
       t_update_s: Mean updater cycle ``T_u``.
       cv: Coefficient of variation of the learner time (gamma jitter; 0 = deterministic).
       update_cv: Coefficient of variation of the updater cycle (0 = fixed cycles).
+      update_shift_s: Fixed part of the updater cycle (see :func:`distributions`).
       max_staleness: Largest staleness represented.
       max_count: Largest number of sub-batch gradients per update represented.
       tail: ``"lump"``: the mass above the maximum goes into the last entry (each pmf sums to 1);
@@ -472,11 +463,11 @@ def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: floa
     Raises:
       ConfigError: invalid timings or ``tail``.
     """
-    validate_timings(n_workers, t_compute_s, t_update_s, cv, update_cv=update_cv)
+    validate_timings(n_workers, t_compute_s, t_update_s, cv, update_cv=update_cv, update_shift_s=update_shift_s)
     if tail not in ("lump", "truncate"):
         raise ConfigError("tail", tail, "one of lump, truncate")
-    sizes = suggest_windows(n_workers, t_compute_s, t_update_s, cv, update_cv)
-    d = distributions(n_workers, t_compute_s, t_update_s, cv, update_cv, **sizes)
+    sizes = suggest_windows(n_workers, t_compute_s, t_update_s, cv, update_cv, update_shift_s)
+    d = distributions(n_workers, t_compute_s, t_update_s, cv, update_cv, update_shift_s, **sizes)
     lump = tail == "lump"
     return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness, lump=lump,
                              stride=d.staleness_stride),
@@ -533,16 +524,18 @@ MAX_WORKERS = 10 ** 7
 MIN_RATIO, MAX_RATIO = 1e-10, 1e10      # T_u / T_c
 MIN_TIME_S, MAX_TIME_S = 1e-30, 1e30    # float32 keeps them normal
 MAX_CV, MAX_UPDATE_CV = 2.0, 2.0
+MAX_UPDATE_TAIL_CV = 4.0                # cv of G in a shifted updater cycle shift + G
 
 
 def validate_timings(n_workers: int, t_compute_s: float, t_update_s: float, cv: float = 0.0,
                      sub_batch: int = 1, dataset_size: int = IMAGENET_TRAIN_IMAGES, *,
-                     update_cv: float = 0.0) -> None:
+                     update_cv: float = 0.0, update_shift_s: float = 0.0) -> None:
     """Raises :class:`~jaxsprint.errors.ConfigError` naming the field when a timing configuration is invalid.
 
     Fields (the launchers' flag names): ``workers`` (integer 1..10^7), ``t_compute``, ``t_update``
     (finite, in [1e-30, 1e30] s, ``T_u / T_c`` in [1e-10, 1e10]), ``t_compute_cv`` (0..2),
-    ``t_update_cv`` (0..2), ``sub_batch``, ``dataset_size``.
+    ``t_update_cv`` (0..2), ``t_update_shift`` (``update_shift_s`` in ``[0, T_u)``, and the cycle's
+    tail cv ``update_cv T_u / (T_u - shift)`` at most 4), ``sub_batch``, ``dataset_size``.
     """
     n = positive_int("workers", n_workers)
     if n > MAX_WORKERS:
@@ -556,7 +549,14 @@ def validate_timings(n_workers: int, t_compute_s: float, t_update_s: float, cv: 
         raise ConfigError("t_update", t_update_s, f"a time with t_update / t_compute in [{MIN_RATIO:g}, "
                                                   f"{MAX_RATIO:g}] (t_compute={t_compute_s!r})")
     finite_number("t_compute_cv", cv, allow_minimum=True, maximum=MAX_CV)
-    finite_number("t_update_cv", update_cv, allow_minimum=True, maximum=MAX_UPDATE_CV)
+    ucv = finite_number("t_update_cv", update_cv, allow_minimum=True, maximum=MAX_UPDATE_CV)
+    shift = finite_number("t_update_shift", update_shift_s, allow_minimum=True)
+    if not shift < tu:
+        raise ConfigError("t_update_shift", update_shift_s, f"a finite number >= 0 and < t_update={t_update_s!r}")
+    if ucv * tu / (tu - shift) > MAX_UPDATE_TAIL_CV:
+        raise ConfigError("t_update_shift", update_shift_s,
+                          f"a shift that leaves the cycle's tail a cv t_update_cv * t_update / (t_update - "
+                          f"t_update_shift) <= {MAX_UPDATE_TAIL_CV:g} (t_update_cv={update_cv!r})")
     positive_int("sub_batch", sub_batch)
     positive_int("dataset_size", dataset_size)
 
@@ -599,7 +599,7 @@ def pmf_items(offset: int, pmf: np.ndarray, scale: int = 1, threshold: float = 1
 
 __all__ = [
     "Distributions", "IMAGENET_TRAIN_IMAGES", "Prediction", "convolve_power", "delay_pmfs", "distributions",
-    "LARGE_WINDOWS", "MAX_CV", "MAX_RATIO", "MAX_UPDATE_CV", "MAX_WORKERS", "MIN_RATIO", "SMALL_WINDOWS",
+    "LARGE_WINDOWS", "MAX_CV", "MAX_RATIO", "MAX_UPDATE_CV", "MAX_UPDATE_TAIL_CV", "MAX_WORKERS", "MIN_RATIO", "SMALL_WINDOWS",
     "finite_number", "learner_count_pmf", "pmf_items", "positive_int", "predict", "predict_from_timings",
     "staleness_pmf", "suggest_windows", "to_fixed_support", "validate_config", "validate_timings",
 ]
