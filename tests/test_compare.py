@@ -121,3 +121,23 @@ def test_summarize_errors_takes_absolute_values_and_skips_missing_runs():
     assert s["mean_staleness_rel_error"]["n"] == 1
     assert s["staleness_tv"]["p90"] == pytest.approx(0.46)
     assert math.isnan(compare.summarize_errors([None])["minibatch_tv"]["median"])
+
+
+def test_a_shifted_updater_cycle_is_found_and_used():
+    # Cycles of a fixed 0.3 s plus a bursty gamma tail (whole cycle: mean 0.5 s, cv 0.6, tail cv 1.5).
+    ev = events.simulate_log(4, 1.0, 0.5, 0.3, 0.6, duration_s=10_000.0, warmup_s=5.0, sub_batch=8,
+                             dataset_size=5000, seed=6, update_shift_s=0.3)
+    stats = events.statistics(ev)
+    assert 0.3 <= stats["t_update_p01_s"] < 0.32
+    assert compare.update_shift(stats, stats["t_update_cv"]) == pytest.approx(stats["t_update_p01_s"])
+    shifted = compare.predict_from_timings(stats)
+    assert shifted["t_update_shift_s"] == pytest.approx(stats["t_update_p01_s"])
+    plain = compare.predict_from_timings(stats, use_update_shift=False)
+    assert plain["t_update_shift_s"] == 0.0
+    e, e0 = compare.compare(stats, shifted), compare.compare(stats, plain)
+    assert abs(e["mean_minibatch_rel_error"]) < 0.02 and abs(e["mean_staleness_rel_error"]) < 0.02
+    assert e["minibatch_tv"] < 0.03 and e["staleness_tv"] < 0.03, e
+    assert e["minibatch_tv"] < e0["minibatch_tv"] / 2, (e, e0)
+    # The shift is capped so that the tail's cv stays within the model's limit.
+    assert compare.update_shift(dict(t_update_s=1.0, t_update_p01_s=0.9), 2.0) < 0.5
+    assert compare.update_shift(dict(t_update_s=1.0, t_update_p01_s=0.9), 0.0) == 0.0

@@ -4,7 +4,8 @@ Two predictions of a run's statistics (:func:`jaxsprint.runtime.events.statistic
 
 * **from timings** (:func:`predict_from_timings`): the model's distributions
   (:func:`jaxsprint.perf.sprint.distributions`) from the run's measured learner cycle ``T_c`` (mean and cv)
-  and updater cycle ``T_u`` (mean, and its cv where the model takes an ``update_cv``). This judges the
+  and updater cycle ``T_u`` (mean, cv, and its fixed part ``update_shift_s``: the 1st percentile of the
+  measured cycles, docs/perf-model.md "A shifted updater cycle"). This judges the
   protocol's mathematics on a real run: the paper reports 5% / 9% / 19% average error (epoch time,
   mini-batch, staleness) at this level.
 * **from specs** (:func:`predict_from_specs`): ``T_c`` and ``T_u`` predicted by
@@ -27,7 +28,7 @@ from jaxsprint.errors import ConfigError
 
 __all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
            "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "summarize_errors",
-           "tv_distance"]
+           "tv_distance", "update_shift"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
               "staleness_tv")
@@ -48,7 +49,7 @@ def _pow2(x: float) -> int:
 _DEFAULT_WINDOWS = dict(learner_size=128, count_size=4096, staleness_size=1024)  # of sprint.distributions
 
 
-def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float) -> dict[str, int]:
+def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float, shift: float = 0.0) -> dict[str, int]:
     """Static pmf windows of :func:`jaxsprint.perf.sprint.distributions`, widened for updater jitter.
 
     A jittering updater cycle spreads the count by about ``N r update_cv`` (``r = T_u / T_c``) and the
@@ -58,12 +59,14 @@ def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float) -> dict[
     from jaxsprint.perf import sprint
 
     kw = dict(update_cv=update_cv) if _accepts(sprint.suggest_windows, "update_cv") else {}
+    if shift > 0:
+        kw["update_shift_s"] = shift
     sizes = dict(sprint.suggest_windows(n, tc, tu, cv, **kw))
     # At least the model's default windows: most configurations then share one compilation.
     for name, size in _DEFAULT_WINDOWS.items():
         sizes[name] = max(sizes[name], size)
     r, q = tu / tc, tc / tu
-    sizes["learner_size"] = max(sizes["learner_size"], _pow2(20.0 * r * update_cv + 8))
+    sizes["learner_size"] = max(sizes["learner_size"], _pow2(20.0 * r * update_cv * tu / (tu - shift) + 8))
     sizes["count_size"] = max(sizes["count_size"], _pow2(16.0 * n * r * update_cv + 16))
     sizes["staleness_size"] = max(sizes["staleness_size"], _pow2(20.0 * math.sqrt(q + 1.0) * update_cv + 8))
     sizes["count_size"] = max(sizes["count_size"], sizes["learner_size"])  # the N-fold sum holds one learner's
@@ -77,8 +80,9 @@ def _pmf_dict(offset: Any, pmf: Any, scale: int = 1, threshold: float = 1e-9) ->
 
 
 def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 0.0, update_cv: float = 0.0, *,
-            sub_batch: int, dataset_size: int) -> dict[str, Any]:
-    """The model's statistics of a configuration given its two cycles (mean and cv of each).
+            sub_batch: int, dataset_size: int, update_shift_s: float = 0.0) -> dict[str, Any]:
+    """The model's statistics of a configuration given its two cycles (mean and cv of each, and the
+    updater cycle's fixed part ``update_shift_s``).
 
     ``update_cv`` is passed to :func:`jaxsprint.perf.sprint.distributions` when the model takes it;
     otherwise the updater cycle is deterministic and ``update_cv_used`` says 0.
@@ -91,12 +95,14 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
       update_cv: Coefficient of variation of ``T_u``.
       sub_batch: Images per gradient.
       dataset_size: Images per epoch.
+      update_shift_s: Fixed part of the updater cycle, in ``[0, T_u)`` (0: a gamma cycle).
 
     Returns:
       ``epoch_time_s`` (``N_file T_c / (N N_sub)``), ``images_per_s``, ``mean_count``, ``std_count``,
       ``count_pmf``, ``mean_minibatch``, ``std_minibatch``, ``minibatch_pmf``, ``mean_staleness``,
       ``std_staleness``, ``staleness_pmf`` (pmfs: dicts value -> probability), the inputs
-      ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``, and ``update_cv_used``.
+      ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``, ``t_update_shift_s``, and
+      ``update_cv_used``.
 
     Raises:
       ConfigError: invalid timings (:func:`jaxsprint.perf.sprint.validate_timings`).
@@ -105,12 +111,17 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
 
     n, b = int(n_learners), int(sub_batch)
     tc, tu, cv, update_cv = float(t_compute_s), float(t_update_s), float(cv), float(update_cv)
-    sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size))
-    if not (math.isfinite(update_cv) and update_cv >= 0):
-        raise ConfigError("t_update_cv", update_cv, "a finite number >= 0")
+    shift = float(update_shift_s)
     use_ucv = _accepts(sprint.distributions, "update_cv")
     kw = dict(update_cv=update_cv) if use_ucv else {}
-    d = sprint.distributions(n, tc, tu, cv, **kw, **_windows(n, tc, tu, cv, update_cv if use_ucv else 0.0))
+    if shift != 0:
+        kw["update_shift_s"] = shift
+        sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size), update_cv=update_cv, update_shift_s=shift)
+    else:
+        sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size))
+        if not (math.isfinite(update_cv) and update_cv >= 0):
+            raise ConfigError("t_update_cv", update_cv, "a finite number >= 0")
+    d = sprint.distributions(n, tc, tu, cv, **kw, **_windows(n, tc, tu, cv, update_cv if use_ucv else 0.0, shift))
     mean_count, mean_stale = float(d.mean_count), float(d.mean_staleness)
     images_per_s = n * b / tc
     return dict(
@@ -121,22 +132,46 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
         minibatch_pmf=_pmf_dict(d.count_offset, d.count_pmf, b),
         mean_staleness=mean_stale, std_staleness=math.sqrt(max(float(d.var_staleness), 0.0)),
         staleness_pmf=_pmf_dict(d.staleness_offset, d.staleness_pmf),
-        t_compute_s=tc, t_compute_cv=cv, t_update_s=tu, t_update_cv=update_cv,
+        t_compute_s=tc, t_compute_cv=cv, t_update_s=tu, t_update_cv=update_cv, t_update_shift_s=shift,
         update_cv_used=update_cv if use_ucv else 0.0,
     )
 
 
-def predict_from_timings(stats: Mapping[str, Any], *, use_update_cv: bool = True) -> dict[str, Any]:
+def update_shift(stats: Mapping[str, Any], update_cv: float) -> float:
+    """The fixed part of the updater cycle taken from a run: the 1st percentile of its measured cycles
+    (``t_update_p01_s``), capped so that the tail keeps a cv ``update_cv T_u / (T_u - s)`` within
+    :data:`jaxsprint.perf.sprint.MAX_UPDATE_TAIL_CV` (0 without the percentile or jitter).
+
+    Why the percentile of the whole cycle, not ``network_time_s`` plus a floor of the update's own work:
+    the cycle is what the model takes, it needs no split of the cycle the log does not record, and it
+    holds whatever else is fixed in a cycle (the swap, the publish, the all-reduce's latency). A shifted
+    gamma's 1st percentile is ``s`` plus the tail's, which is near 0 for the bursty tails where the shift
+    matters, and for a tight cycle (large tail shape) over-estimating ``s`` changes little.
+    """
+    from jaxsprint.perf import sprint
+
+    tu, p01 = float(stats["t_update_s"]), float(stats.get("t_update_p01_s", math.nan))
+    if not (math.isfinite(p01) and p01 > 0 and update_cv > 0):
+        return 0.0
+    cap = tu * (1.0 - update_cv / getattr(sprint, "MAX_UPDATE_TAIL_CV", 4.0))
+    return max(0.0, min(p01, cap * (1.0 - 1e-6)))
+
+
+def predict_from_timings(stats: Mapping[str, Any], *, use_update_cv: bool = True,
+                         use_update_shift: bool = True) -> dict[str, Any]:
     """The model's prediction of a run from its measured cycles (:func:`predict`).
 
     Args:
       stats: :func:`jaxsprint.runtime.events.statistics` of the run (``learners``, ``sub_batch``,
-        ``dataset_size``, ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``).
+        ``dataset_size``, ``t_compute_s``, ``t_compute_cv``, ``t_update_s``, ``t_update_cv``,
+        ``t_update_p01_s``).
       use_update_cv: Give the model the measured updater jitter (where it takes one); False: a
         deterministic updater cycle, the original protocol.
+      use_update_shift: Give the model the cycle's fixed part (:func:`update_shift`); False: a gamma
+        cycle.
 
     Returns:
-      :func:`predict`'s dict.
+      :func:`predict`'s dict. The measured cvs are clipped to the model's limits (2; ``update_cv_used``).
     """
     for key in ("t_compute_s", "t_update_s"):
         if not (math.isfinite(stats[key]) and stats[key] > 0):
@@ -144,8 +179,10 @@ def predict_from_timings(stats: Mapping[str, Any], *, use_update_cv: bool = True
                                                              "warm-up (too few gradients or updates)")
     cv = stats["t_compute_cv"] if math.isfinite(stats["t_compute_cv"]) else 0.0
     ucv = stats["t_update_cv"] if use_update_cv and math.isfinite(stats["t_update_cv"]) else 0.0
+    ucv = min(ucv, 2.0)
+    shift = update_shift(stats, ucv) if use_update_shift else 0.0
     return predict(stats["learners"], stats["t_compute_s"], stats["t_update_s"], min(cv, 2.0), ucv,
-                   sub_batch=stats["sub_batch"], dataset_size=stats["dataset_size"])
+                   sub_batch=stats["sub_batch"], dataset_size=stats["dataset_size"], update_shift_s=shift)
 
 
 def network_cost(config: Any) -> Any:

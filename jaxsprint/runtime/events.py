@@ -210,7 +210,8 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     * ``t_compute_s``, ``t_compute_cv``: mean and coefficient of variation (population standard
       deviation / mean) of the cycle time ``t_end - t_start`` of the applied gradients;
     * ``t_update_s``, ``t_update_cv``: the same of the updater's cycle, the gap between consecutive swaps
-      (both swaps after the warm-up);
+      (both swaps after the warm-up); ``t_update_p01_s``: the 1st percentile of those cycles (the fixed
+      part of a cycle, :func:`jaxsprint.runtime.compare.predict_from_timings`);
     * ``images_per_s``: ``sub_batch`` times the gradients that ended in ``[warmup_until_s, t_stop_s]``,
       over that window's length (a rate of completions, unbiased for stationary learners, whether or
       not a gradient's start fell in the warm-up); ``epoch_time_s = dataset_size / images_per_s``;
@@ -240,7 +241,9 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     ups = ev["update_t_start"] >= warm
     counts = ev["update_count"][ups]
     tc, tc_cv = _mean_cv(cycle)
-    tu, tu_cv = _mean_cv(np.diff(ev["update_t_start"][ups]))
+    gaps = np.diff(ev["update_t_start"][ups])
+    tu, tu_cv = _mean_cv(gaps)
+    tu_p01 = float(np.percentile(gaps, 1)) if gaps.size else math.nan
     window = stop - warm
     ended = np.count_nonzero((ev["grad_t_end"] >= warm) & (ev["grad_t_end"] <= stop))
     images_per_s = float(b * ended / window) if window > 0 else math.nan
@@ -248,7 +251,7 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     std_count = float(np.std(counts)) if counts.size else math.nan
     lph, hosts = int(ev["learners_per_host"]), int(ev["num_hosts"])
     return dict(
-        t_compute_s=tc, t_compute_cv=tc_cv, t_update_s=tu, t_update_cv=tu_cv,
+        t_compute_s=tc, t_compute_cv=tc_cv, t_update_s=tu, t_update_cv=tu_cv, t_update_p01_s=tu_p01,
         images_per_s=images_per_s,
         epoch_time_s=int(ev["dataset_size"]) / images_per_s if images_per_s > 0 else math.nan,
         mean_count=mean_count, std_count=std_count, count_pmf=_pmf(counts),
@@ -265,17 +268,19 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _gamma(rng: np.random.Generator, mean: float, cv: float, size: int) -> np.ndarray:
+def _gamma(rng: np.random.Generator, mean: float, cv: float, size: int, shift: float = 0.0) -> np.ndarray:
+    """``shift + G``, ``G`` gamma, of the given mean and cv (``shift = 0``: a gamma, draw for draw)."""
     if cv == 0:
         return np.full(size, mean)
-    shape = 1.0 / cv ** 2
-    return rng.gamma(shape, mean / shape, size=size)
+    tail = (mean - shift) / mean
+    shape = tail * tail / cv ** 2
+    return shift + rng.gamma(shape, (mean - shift) / shape, size=size)
 
 
 def simulate_log(learners_per_host: int, t_compute_s: float, t_update_s: float, cv: float = 0.0,
                  update_cv: float = 0.0, *, duration_s: float, warmup_s: float = 0.0, num_hosts: int = 1,
                  sub_batch: int = 1, dataset_size: int = 1000, network_time_s: float = 0.0,
-                 seed: int = 0) -> dict[str, np.ndarray]:
+                 seed: int = 0, update_shift_s: float = 0.0) -> dict[str, np.ndarray]:
     """The event log of the model's protocol (docs/sprint-model.md), as the runtime writes it.
 
     Learner ``i`` starts at a uniform random phase in ``[0, T_c)`` on version 0 (the phases of
@@ -300,6 +305,8 @@ def simulate_log(learners_per_host: int, t_compute_s: float, t_update_s: float, 
       dataset_size: Images per epoch.
       network_time_s: Recorded only.
       seed: Seed of numpy's generator.
+      update_shift_s: Fixed part ``s`` of the updater's cycle, in ``[0, T_u)``: cycles ``s + G`` with
+        ``G`` gamma of mean ``T_u - s`` (same mean and cv ``update_cv``; the model's ``update_shift_s``).
 
     Returns:
       An event log (checked), ``grad_*`` rows ordered by applied version, in-flight rows last.
@@ -307,9 +314,11 @@ def simulate_log(learners_per_host: int, t_compute_s: float, t_update_s: float, 
     rng = np.random.default_rng(seed)
     n = int(learners_per_host) * int(num_hosts)
     m = int(duration_s / t_update_s + 6.0 * update_cv * math.sqrt(duration_s / t_update_s) + 3)
-    cycles = _gamma(rng, t_update_s, update_cv, m)
+    if not (math.isfinite(update_shift_s) and 0 <= update_shift_s < t_update_s):
+        raise ValueError(f"update_shift_s={update_shift_s!r}: must be in [0, t_update_s={t_update_s!r})")
+    cycles = _gamma(rng, t_update_s, update_cv, m, update_shift_s)
     while cycles.sum() < duration_s:
-        cycles = np.concatenate([cycles, _gamma(rng, t_update_s, update_cv, m)])
+        cycles = np.concatenate([cycles, _gamma(rng, t_update_s, update_cv, m, update_shift_s)])
     bounds = np.concatenate([[0.0], np.cumsum(cycles)])
     # Update u (u = 1, 2, ...) swaps at bounds[u - 1] and publishes at bounds[u].
     n_updates = int(np.searchsorted(bounds, duration_s, side="right")) - 1
