@@ -19,9 +19,11 @@ The order in which examples are read, and which host reads which, is `jaxsprint.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
 import importlib.util
+import os
+import tempfile
 import math
 from typing import Any, Callable, Sequence
 
@@ -225,6 +227,18 @@ def _prepare_hint(name: str, data_dir: str) -> str:
             f"(ImageNet needs its archives placed in {data_dir}/downloads/manual first).")
 
 
+@contextlib.contextmanager
+def _private_tempdir():
+    """Points ``tempfile`` at a folder removed afterwards: TFDS's ``DatasetInfo.initialize_from_bucket``
+    makes a ``mkdtemp`` folder for every builder without a ``dataset_info.json`` and never removes it."""
+    with tempfile.TemporaryDirectory(prefix="jaxsprint-tfds-") as d:
+        old, tempfile.tempdir = tempfile.tempdir, d
+        try:
+            yield
+        finally:
+            tempfile.tempdir = old
+
+
 def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: str = "train",
               test_split: str = "test", eval_crop_fraction: float = 0.875) -> Dataset:
     """Opens a prepared TFDS dataset with ``tfds.data_source``; never downloads.
@@ -244,13 +258,14 @@ def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: 
         raise ConfigError("config.dataset", name, f"allowed: {', '.join(BUILTIN)} or the name of a TFDS "
                           "image-classification dataset") from None
     sources = {}
-    for split in (train_split, test_split):
-        try:
-            sources[split] = tfds.data_source(name, split=split, data_dir=os.fspath(data_dir), download=False)
-        except Exception as e:  # tfds raises several types for "not prepared"; all mean the same to a user
-            raise DataError("config.data_dir", data_dir, _prepare_hint(name, data_dir)
-                            + f" (split {split!r}; tfds said: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200]})") from None
+    with _private_tempdir():
+        for split in (train_split, test_split):
+            try:
+                sources[split] = tfds.data_source(name, split=split, data_dir=os.fspath(data_dir), download=False)
+            except Exception as e:  # tfds raises several types for "not prepared"; all mean the same to a user
+                raise DataError("config.data_dir", data_dir, _prepare_hint(name, data_dir)
+                                + f" (split {split!r}; tfds said: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200]})") from None
     info = sources[train_split].dataset_info
     num_classes = int(info.features["label"].num_classes)
     shape = tuple(info.features["image"].shape)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from jaxsprint import async_emulation, cpu, memory, models, optim, parallel, polish
+from jaxsprint import async_emulation, checkpoint, cpu, memory, models, optim, parallel, polish
 from jaxsprint import data as data_lib
 from jaxsprint.errors import check
 
@@ -23,6 +23,7 @@ def validate_config(config, num_devices: int) -> None:
     optim.validate_config(config)
     polish.validate_config(config, num_devices)
     async_emulation.validate_config(config)
+    checkpoint.validate_config(config)
     validate_loop_config(config)
     validate_combinations(config)
 
