@@ -3,6 +3,7 @@ r"""The SPRINT model judged against the real runtime over a grid of configuratio
   python experiments/validate_runtime.py --out=runs/validate_runtime          # the grid: about 25-35 minutes
   python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
   python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
+  python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
 
 Each configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from
 about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
@@ -13,6 +14,11 @@ longer. Writes to --out: ``runs/<name>/`` (each run's workdir, stdout and stderr
 run's JSON), ``results.csv`` and ``summary.md`` (errors per configuration, their medians and 90th
 percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet machine: the learners share
 the cores with everything else.
+
+``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out, recomputes both
+predictions with the current model and preset (the specs one from --config with the overrides saved in
+``results.json`` and the run's own learners, hosts, sub-batch and network time read from its log), and
+rewrites ``results.json``, ``results.csv``, ``summary.md`` and ``errors.png``.
 
 Flags that start with ``--config.`` (in the ``=`` form, e.g. ``--config.model=resnet20``) are passed to every
 run.
@@ -49,6 +55,8 @@ _MAX_DUR = flags.DEFINE_float("max_duration_s", 180.0, "Longest run.")
 _MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the specs prediction and the plan.")
 _MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file instead of --machine.")
 _TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes after this long.")
+_REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "
+                               "and preset; run nothing.")
 
 # (name, hosts, learners per host, sub-batch, emulated network ms), chosen for T_u/T_c from about 0.1 to 10
 # on 2 cores (learners beyond the cores time-share them, so T_c grows with all processes' learners).
@@ -241,6 +249,93 @@ def plot(path: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
+def _override(config, overrides: list[str]):
+    """``config`` with ``--config.a.b=value`` overrides applied (values parsed by the field's type)."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        for arg in overrides:
+            key, _, value = arg[len("--config."):].partition("=")
+            *parents, leaf = key.split(".")
+            node = config
+            for part in parents:
+                node = node[part]
+            old = node[leaf]
+            if isinstance(old, bool):
+                node[leaf] = value.lower() in ("1", "true", "yes")
+            elif isinstance(old, (int, float)) and not isinstance(old, bool):
+                node[leaf] = type(old)(float(value)) if isinstance(old, int) else float(value)
+            else:
+                node[leaf] = value
+    return config
+
+
+def reanalyse(out: str, config, machine, overrides: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """Rows of :func:`main`'s ``results.json`` recomputed from every ``out/runs/<name>/events.npz``.
+
+    Each run: ``events.statistics`` of its log, the model from timings, and from specs (``config`` with
+    ``overrides`` and the log's learners per host, hosts, sub-batch and network time). The old
+    ``results.json`` (if any) gives each run's duration and evaluation accuracy and the overrides.
+    """
+    from jaxsprint.runtime import compare, events
+
+    old_path = os.path.join(out, "results.json")
+    old = {}
+    if os.path.exists(old_path):
+        with open(old_path) as fh:
+            old = json.load(fh)
+    if overrides is None:
+        overrides = list(old.get("overrides", []))
+    before = {r["name"]: r for r in old.get("runs", [])}
+    runs_dir = os.path.join(out, "runs")
+    names = sorted(d for d in os.listdir(runs_dir) if os.path.isfile(os.path.join(runs_dir, d, "events.npz"))) \
+        if os.path.isdir(runs_dir) else []
+    check(bool(names), "--out", out, "a folder with saved runs (runs/<name>/events.npz)")
+    base = _override(config, overrides)
+    network = compare.network_cost(base)
+    rows, failures = [], []
+    for name in names:
+        try:
+            m = events.statistics(events.load(os.path.join(runs_dir, name, "events.npz")))
+            cfg = _override(base, [f"--config.sprint.learners_per_host={m['learners_per_host']}",
+                                   f"--config.sprint.sub_batch={m['sub_batch']}",
+                                   f"--config.sprint.network_time_s={m['network_time_s']}"])
+            preds = {"timings": compare.predict_from_timings(m),
+                     "specs": compare.predict_from_specs(machine, network, cfg, num_hosts=m["num_hosts"],
+                                                         learners_per_host=m["learners_per_host"],
+                                                         dataset_size=m["dataset_size"])}
+        except Exception as e:  # noqa: BLE001 -- one broken log does not end the re-analysis; it is reported
+            print(f"{name}: FAILED: {e}", flush=True)
+            failures.append({"name": name, "error": str(e)})
+            continue
+        res = compare.report(m, preds)
+        prev = before.get(name, {})
+        res["eval_accuracy"] = prev.get("eval_accuracy")
+        rows.append(dict(name=name, hosts=m["num_hosts"], learners_per_host=m["learners_per_host"],
+                         sub_batch=m["sub_batch"], network_ms=1e3 * m["network_time_s"],
+                         duration_s=prev.get("duration_s", m["t_stop_s"]), **res))
+    return rows, failures
+
+
+def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str]) -> None:
+    """results.json, results.csv, summary.md and errors.png of the rows; prints the summary."""
+    summary = summarize(rows)
+    with open(os.path.join(out, "results.json"), "w") as fh:
+        json.dump({"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}, fh, indent=1)
+    table = _csv_rows(rows)
+    with open(os.path.join(out, "results.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    md = markdown(rows, summary)
+    with open(os.path.join(out, "summary.md"), "w") as fh:
+        fh.write(md + "\n")
+    plot(os.path.join(out, "errors.png"), rows)
+    print(md)
+    for f in failures:
+        print(f"FAILED {f['name']}: {f['error']}")
+    print(f"wrote {out}/results.json, results.csv, summary.md, errors.png")
+
+
 def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
@@ -259,6 +354,19 @@ def main(argv):
     from jaxsprint.perf import presets
 
     machine = presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)
+    if _REANALYSE.value:
+        check(os.path.isdir(os.path.join(_OUT.value, "runs")), "--out", _OUT.value,
+              "a folder with saved runs (runs/<name>/events.npz) for --reanalyse")
+        rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None)
+        check(bool(rows), "--out", _OUT.value, "saved runs that can be re-analysed")
+        used = _config_overrides()
+        if not used and os.path.exists(os.path.join(_OUT.value, "results.json")):
+            with open(os.path.join(_OUT.value, "results.json")) as fh:
+                used = json.load(fh).get("overrides", [])
+        _write(_OUT.value, rows, failures, used)
+        if failures:
+            sys.exit(1)
+        return
     if _QUICK.value:
         warmup = QUICK_WARMUP_S
         plan = {g[0]: QUICK_DURATION_S for g in grid}
@@ -311,22 +419,7 @@ def main(argv):
     if not rows:
         raise ConfigError("grid", [f["name"] for f in failures], f"runs that work: every run failed, the first "
                                                                  f"with {failures[0]['error']}")
-    summary = summarize(rows)
-    with open(os.path.join(_OUT.value, "results.json"), "w") as fh:
-        json.dump({"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}, fh, indent=1)
-    table = _csv_rows(rows)
-    with open(os.path.join(_OUT.value, "results.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
-    md = markdown(rows, summary)
-    with open(os.path.join(_OUT.value, "summary.md"), "w") as fh:
-        fh.write(md + "\n")
-    plot(os.path.join(_OUT.value, "errors.png"), rows)
-    print(md)
-    for f in failures:
-        print(f"FAILED {f['name']}: {f['error']}")
-    print(f"wrote {_OUT.value}/results.json, results.csv, summary.md, errors.png")
+    _write(_OUT.value, rows, failures, overrides)
     if failures:
         sys.exit(1)
 

@@ -11,8 +11,8 @@ def test_the_model_imports_nothing_of_training_or_timing():
     code = textwrap.dedent("""
         import sys
         import jaxsprint.perf
-        from jaxsprint.perf import (calibrate, collectives, machines, networks, presets, search, sensitivity,
-                                    simulate, space, sprint, times, zoo)
+        from jaxsprint.perf import (calibrate, collectives, machines, networks, plan, presets, renewal, search,
+                                    sensitivity, simulate, space, sprint, times, zoo)
         loaded = sorted(m for m in sys.modules if m.startswith("jaxsprint"))
         print(" ".join(loaded))
     """)
@@ -20,6 +20,6 @@ def test_the_model_imports_nothing_of_training_or_timing():
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert r.returncode == 0, r.stderr[-2000:]
     loaded = set(r.stdout.split())
-    assert "jaxsprint.perf.search" in loaded
+    assert {"jaxsprint.perf.search", "jaxsprint.perf.plan", "jaxsprint.perf.renewal"} <= loaded
     outside = {m for m in loaded if not m.startswith("jaxsprint.perf")} - {"jaxsprint", "jaxsprint.errors"}
     assert not outside, outside  # no train, models, data, timing, cpu, ...

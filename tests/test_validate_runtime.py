@@ -51,3 +51,28 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, args, message):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_reanalyse_rewrites_the_tables_from_saved_logs(tmp_path):
+    from jaxsprint.runtime import events
+
+    out = tmp_path / "vr"
+    for i, (lph, tu, shift) in enumerate(((2, 0.5, 0.2), (4, 1.5, 0.0))):
+        d = out / "runs" / f"fake{i}"
+        d.mkdir(parents=True)
+        events.save(str(d / "events.npz"), events.simulate_log(lph, 1.0, tu, 0.3, 0.5, duration_s=3000.0, warmup_s=5.0,
+                                                               sub_batch=8, network_time_s=0.01, seed=i,
+                                                               update_shift_s=shift))
+    (out / "results.json").write_text(json.dumps({"runs": [], "failures": [], "overrides": [
+        "--config.model=tiny", "--config.image_size=8"]}))
+    r = _run(f"--out={out}", "--reanalyse")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert [run["name"] for run in data["runs"]] == ["fake0", "fake1"] and data["failures"] == []
+    assert data["runs"][0]["predicted_from_timings"]["t_update_shift_s"] > 0.15
+    for run in data["runs"]:
+        assert run["errors_from_timings"]["minibatch_tv"] < 0.1
+        assert run["errors_from_specs"] is not None
+    assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
+    assert (out / "errors.png").stat().st_size > 0
+    assert data["overrides"] == ["--config.model=tiny", "--config.image_size=8"]
