@@ -44,6 +44,9 @@ flags.DEFINE_integer("workers", None, "Learners N (timings mode).")
 flags.DEFINE_float("t_compute", None, "Mean learner time per sub-batch T_c in seconds (timings mode).")
 flags.DEFINE_float("t_update", None, "Updater cycle T_u in seconds (timings mode).")
 flags.DEFINE_float("t_compute_cv", 0.0, "Coefficient of variation of the learner time (both modes).")
+flags.DEFINE_float("t_update_cv", 0.0, "Coefficient of variation of the updater cycle (both modes; 0 = fixed).")
+flags.DEFINE_float("t_update_shift", 0.0, "Fixed part of the updater cycle in seconds, in [0, T_u): the cycle is "
+                   "this plus a gamma tail (both modes; 0 = a gamma cycle).")
 flags.DEFINE_integer("sub_batch", 32, "Samples per learner step N_Subbatch.")
 flags.DEFINE_integer("dataset_size", sprint.IMAGENET_TRAIN_IMAGES, "Samples per epoch N_File.")
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
@@ -77,6 +80,8 @@ def resolve() -> dict[str, Any]:
     given = lambda names: [k for k in names if FLAGS[k].value is not None]  # noqa: E731
     timing_flags, spec_flags = given(_TIMINGS), given(_SPECS)
     cv, b, n_file = FLAGS.t_compute_cv, FLAGS.sub_batch, FLAGS.dataset_size
+    ucv, shift = FLAGS.t_update_cv, FLAGS.t_update_shift
+    jitter = dict(update_cv=ucv, update_shift_s=shift)
     if timing_flags and spec_flags:
         raise ConfigError(f"--{spec_flags[0]}", FLAGS[spec_flags[0]].value,
                           f"not given with --{timing_flags[0]}: either --machine and --network (spec mode) or "
@@ -85,10 +90,11 @@ def resolve() -> dict[str, Any]:
         for k in _TIMINGS:
             if FLAGS[k].value is None:
                 raise ConfigError(f"--{k}", None, "required in timings mode (--workers, --t_compute, --t_update)")
-        sprint.validate_timings(FLAGS.workers, FLAGS.t_compute, FLAGS.t_update, cv, b, n_file)
+        sprint.validate_timings(FLAGS.workers, FLAGS.t_compute, FLAGS.t_update, cv, b, n_file, **jitter)
         return dict(mode="timings", workers=FLAGS.workers, warnings=[], t_compute_s=FLAGS.t_compute,
-                    t_update_s=FLAGS.t_update, cv=cv, sub_batch=b, dataset_size=n_file)
-    sprint.validate_timings(1, 1.0, 1.0, cv, b, n_file)
+                    t_update_s=FLAGS.t_update, cv=cv, sub_batch=b, dataset_size=n_file, **jitter)
+    sprint.validate_timings(1, 1.0, 1.0, cv, b, n_file, update_cv=ucv)
+    sprint.finite_number("t_update_shift", shift, allow_minimum=True)  # below T_u: checked once T_u is known
     machine = presets.load_machine(FLAGS.machine, FLAGS.machine_file)
     if FLAGS.network is None:
         raise ConfigError("--network", None, f"required in spec mode: one of {', '.join(sorted(zoo.ZOO))}")
@@ -99,19 +105,21 @@ def resolve() -> dict[str, Any]:
     warnings = sprint.validate_config(net, machine, FLAGS.nodes, g, b, n_file)
     p = sprint.predict(net, machine, float(FLAGS.nodes), float(g), float(b), float(n_file),
                        algorithm=FLAGS.allreduce)
+    sprint.validate_timings(FLAGS.nodes * g, float(p.t_compute_s), float(p.t_update_s), cv, b, n_file, **jitter)
     return dict(mode="specs", workers=FLAGS.nodes * g, warnings=warnings, t_compute_s=float(p.t_compute_s),
                 t_update_s=float(p.t_update_s), cv=cv, sub_batch=b, dataset_size=n_file, machine=machine,
-                network=net, nodes=FLAGS.nodes, gpus_per_node=g)
+                network=net, nodes=FLAGS.nodes, gpus_per_node=g, **jitter)
 
 
 def prediction(cfg: dict[str, Any]) -> tuple[dict[str, Any], sprint.Distributions]:
     """Model outputs of a resolved configuration: the JSON object and the distributions."""
     n, tc, tu, cv, b = cfg["workers"], cfg["t_compute_s"], cfg["t_update_s"], cfg["cv"], cfg["sub_batch"]
     p = sprint.predict_from_timings(n, tc, tu, b, cfg["dataset_size"])
-    d = sprint.distributions(n, tc, tu, cv, **sprint.suggest_windows(n, tc, tu, cv))
+    u = (cfg.get("update_cv", 0.0), cfg.get("update_shift_s", 0.0))
+    d = sprint.distributions(n, tc, tu, cv, *u, **sprint.suggest_windows(n, tc, tu, cv, *u))
     out = {k: float(getattr(p, k)) for k in JSON_KEYS[:6]}
-    out["minibatch_pmf"] = sprint.pmf_items(int(d.count_offset), d.count_pmf, scale=b)
-    out["staleness_pmf"] = sprint.pmf_items(int(d.staleness_offset), d.staleness_pmf)
+    out["minibatch_pmf"] = sprint.pmf_items(int(d.count_offset), d.count_pmf, scale=b, stride=int(d.count_stride))
+    out["staleness_pmf"] = sprint.pmf_items(int(d.staleness_offset), d.staleness_pmf, stride=int(d.staleness_stride))
     return out, d
 
 
@@ -152,14 +160,15 @@ def plot(path: str, cfg: dict[str, Any], d: sprint.Distributions) -> None:
     import numpy as np
 
     s = simulate.simulate(cfg["workers"], cfg["t_compute_s"], cfg["t_update_s"], cfg["cv"],
-                          n_cycles=FLAGS.sim_cycles, seed=FLAGS.seed)
+                          n_cycles=FLAGS.sim_cycles, seed=FLAGS.seed, update_cv=cfg.get("update_cv", 0.0),
+                          update_shift_s=cfg.get("update_shift_s", 0.0))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     b = cfg["sub_batch"]
-    panels = ((axes[0], d.count_offset, d.count_pmf, s.count_pmf, b, "mini-batch size"),
-              (axes[1], d.staleness_offset, d.staleness_pmf, s.staleness_pmf, 1, "staleness"))
-    for ax, off, pmf, emp, scale, label in panels:
+    panels = ((axes[0], d.count_offset, d.count_stride, d.count_pmf, s.count_pmf, b, "mini-batch size"),
+              (axes[1], d.staleness_offset, d.staleness_stride, d.staleness_pmf, s.staleness_pmf, 1, "staleness"))
+    for ax, off, stride, pmf, emp, scale, label in panels:
         pmf = np.asarray(pmf)
-        x = scale * (int(off) + np.arange(pmf.size))
+        x = scale * (int(off) + int(stride) * np.arange(pmf.size))
         keep = pmf > 1e-5
         xe = scale * np.arange(emp.size)
         ax.bar(xe[emp > 0], emp[emp > 0], width=0.8 * scale, alpha=0.5, label="simulator")

@@ -135,3 +135,19 @@ def test_predict_launcher_reads_a_machine_file(tmp_path):
     assert c2 == 2 and f"invalid machine_file={preset!r}: not given together with machine='cpu'" in e2
     assert c3 == 2 and "invalid machine_file='/nonexistent/m.json': an existing JSON machine preset" in e3
     assert "Traceback" not in e2 + e3
+
+
+def test_updater_jitter_and_shift_flags():
+    base = ["--workers=4", "--t_compute=1", "--t_update=2", "--json"]
+    plain = json.loads(_run(base).stdout)
+    shifted = _run(base + ["--t_update_cv=0.6", "--t_update_shift=1.2"])
+    assert shifted.returncode == 0, shifted.stderr[-2000:]
+    out = json.loads(shifted.stdout)
+    assert out["mean_minibatch"] == plain["mean_minibatch"] and out["mean_staleness"] == plain["mean_staleness"]
+    mean = sum(int(k) * v for k, v in out["minibatch_pmf"].items())
+    assert mean == pytest.approx(256.0, rel=3e-3)
+    assert out["minibatch_pmf"] != plain["minibatch_pmf"]
+    bad = _run(base + ["--t_update_cv=0.6", "--t_update_shift=2.5"])
+    assert bad.returncode == 2
+    assert [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")] == [
+        "error: invalid t_update_shift=2.5: a finite number >= 0 and < t_update=2.0"]
