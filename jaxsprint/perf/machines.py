@@ -428,12 +428,12 @@ _RUNTIME_FITTED = (f"fitted by `{CPU_RUNTIME_CALIBRATION_COMMAND}` (stored in {C
 _RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the first probe of the runtime "
                         f"(2 cores, 2-8 learners), to be replaced by the fit of `{CPU_RUNTIME_CALIBRATION_COMMAND}`")
 # The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
-CPU_RUNTIME_FITTED = False
+CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.5, half_efficiency_batch=4.0, step_overhead_s=1e-3,
-    learner_overhead_s=1e-3, learner_contention=1.0, updater_overhead_s=1e-3, updater_contention=1.0,
-    network_latency_s=5e-4, network_bandwidth_bytes_per_s=1e9,
-    learner_cv=0.3, updater_cv=0.5)
+    efficiency_fwd=0.7807, half_efficiency_batch=2.835, step_overhead_s=0.0003679,
+    learner_overhead_s=0.006494, learner_contention=1.265, updater_overhead_s=8.95e-06, updater_contention=2.603,
+    network_latency_s=0.0005515, network_bandwidth_bytes_per_s=999400000000.0,
+    learner_cv=0.2923, updater_cv=4.228)
 
 
 def _cpu_runtime() -> Machine:
