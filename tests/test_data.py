@@ -1,5 +1,6 @@
 """Datasets, their config checks, preprocessing; TFDS through mock data only (never a download)."""
 import importlib.util
+import tempfile
 import time
 
 import jax
@@ -73,6 +74,17 @@ def test_tfds_mock_cifar10_and_imagenet_read_through_data_source(tmp_path):
         inet = data.load_tfds("imagenet2012", str(tmp_path), image_size=16, test_split="validation")
         b = inet.train.get_batch(np.arange(4))  # variable-size JPEGs squared to the load size
         assert b["image"].shape == (4, 18, 18, 3) and inet.num_classes == 1000
+
+
+def test_tfds_open_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    # TFDS makes a mkdtemp folder per builder without dataset_info.json and never removes it.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with tfds.testing.mock_data(num_examples=4):
+        data.load_tfds("cifar10", str(tmp_path / "data"), image_size=32)
+    assert tempfile.tempdir == str(scratch)
+    assert list(scratch.iterdir()) == []
 
 
 def test_unprepared_tfds_dataset_fails_fast_with_instructions(tmp_path):
