@@ -35,6 +35,24 @@ from jaxsprint.perf.calibrate import AllreduceTiming
 __all__ = ["measure_allreduce", "measure_gradient_steps", "measure_train_steps", "runtime_network"]
 
 
+def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
+                        ) -> list[tuple[float, list[float]]]:
+    """Times every runner in each of ``rounds`` interleaved rounds (so drift hits all alike): per round at
+    least ``min_reps`` calls and ``min_time_s`` seconds; returns (best per-round median, all samples)."""
+    best = [math.inf] * len(runners)
+    samples: list[list[float]] = [[] for _ in runners]
+    for r in range(rounds):
+        for i, once in enumerate(runners):
+            times, start = [], time.perf_counter()
+            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
+                times.append(once())
+            samples[i] += times
+            best[i] = min(best[i], float(np.median(times)))
+        if log:
+            log(f"round {r + 1}/{rounds} done")
+    return list(zip(best, samples))
+
+
 def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4, min_time_s: float = 0.2,
                         min_reps: int = 3, image_size: int = 32, cpu_kernels: str = "auto",
                         log: Callable[[str], object] | None = None) -> list[tuple[float, list[float]]]:
@@ -93,18 +111,7 @@ def measure_train_steps(configs: Sequence[tuple[str, int]], *, rounds: int = 4, 
         runners.append(once)
         if log:
             log(f"compiled {name} batch {batch}")
-    best = [math.inf] * len(configs)
-    samples: list[list[float]] = [[] for _ in configs]
-    for r in range(rounds):
-        for i, once in enumerate(runners):
-            times, start = [], time.perf_counter()
-            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
-                times.append(once())
-            samples[i] += times
-            best[i] = min(best[i], float(np.median(times)))
-        if log:
-            log(f"round {r + 1}/{rounds} done")
-    return list(zip(best, samples))
+    return _interleaved_rounds(runners, rounds=rounds, min_time_s=min_time_s, min_reps=min_reps, log=log)
 
 
 def runtime_network(config):
@@ -184,18 +191,7 @@ def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 
         runners.append(once)
         if log:
             log(f"compiled the gradient at sub-batch {b}")
-    best = [math.inf] * len(runners)
-    samples: list[list[float]] = [[] for _ in runners]
-    for r in range(rounds):
-        for i, once in enumerate(runners):
-            times, start = [], time.perf_counter()
-            while time.perf_counter() - start < min_time_s or len(times) < min_reps:
-                times.append(once())
-            samples[i] += times
-            best[i] = min(best[i], float(np.median(times)))
-        if log:
-            log(f"round {r + 1}/{rounds} done")
-    return list(zip(best, samples))
+    return _interleaved_rounds(runners, rounds=rounds, min_time_s=min_time_s, min_reps=min_reps, log=log)
 
 
 # One rank of the all-reduce timing, run as `python -c _WORKER '<json args>'` in its own process.
