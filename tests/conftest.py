@@ -1,5 +1,8 @@
-"""Test setup: 8 fake CPU devices, set before JAX starts; no test may reach a real TFDS download."""
+"""Test setup: 8 fake CPU devices, set before JAX starts; no test may reach a real TFDS download; one XLA
+compilation cache shared by every process of a test run."""
 import os
+import shutil
+import tempfile
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -7,6 +10,20 @@ if "xla_force_host_platform_device_count" not in _flags:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # A directory that never holds data: a TFDS read outside mock_data fails fast instead of downloading.
 os.environ["TFDS_DATA_DIR"] = "/nonexistent-tfds-data-dir"
+
+# Many tests compile the same programs (the testing config's train step in every train_and_evaluate call, the
+# launchers' subprocesses, the resume tests' second and third runs): a persistent compilation cache, keyed by
+# the program, its options and the JAX version, compiles each once per test run. The controller makes a fresh
+# directory before the xdist workers start (they and every launcher subprocess inherit the environment) and
+# removes it at the end, so every run starts cold, as CI does. A directory given in JAX_COMPILATION_CACHE_DIR
+# is used as it is and kept. The size bound turns on the cache's file lock: the two workers read and write it
+# at the same time.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="jaxsprint-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2 ** 30))
 
 
 def pytest_configure(config):
@@ -24,3 +41,8 @@ def pytest_runtest_setup(item):
 
         if jax.device_count() < marker.args[0]:
             pytest.skip(f"needs {marker.args[0]} devices, this backend has {jax.device_count()}")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None and not hasattr(config, "workerinput"):  # the process that made it
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
