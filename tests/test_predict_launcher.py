@@ -138,16 +138,20 @@ def test_predict_launcher_reads_a_machine_file(tmp_path):
 
 
 def test_updater_jitter_and_shift_flags():
+    # The three runs in one child process (as in test_many_flag_sets_in_one_process; the real command line's
+    # exit status and error line are checked by test_real_launcher_exits_2_on_bad_input).
     base = ["--workers=4", "--t_compute=1", "--t_update=2", "--json"]
-    plain = json.loads(_run(base).stdout)
-    shifted = _run(base + ["--t_update_cv=0.6", "--t_update_shift=1.2"])
-    assert shifted.returncode == 0, shifted.stderr[-2000:]
-    out = json.loads(shifted.stdout)
+    (c0, o0, e0), (c1, o1, e1), (c2, _, e2) = _drive(
+        [base, base + ["--t_update_cv=0.6", "--t_update_shift=1.2"], base + ["--t_update_cv=0.6",
+                                                                            "--t_update_shift=2.5"]])
+    assert c0 == 0, e0[-2000:]
+    plain = json.loads(o0)
+    assert c1 == 0, e1[-2000:]
+    out = json.loads(o1)
     assert out["mean_minibatch"] == plain["mean_minibatch"] and out["mean_staleness"] == plain["mean_staleness"]
     mean = sum(int(k) * v for k, v in out["minibatch_pmf"].items())
     assert mean == pytest.approx(256.0, rel=3e-3)
     assert out["minibatch_pmf"] != plain["minibatch_pmf"]
-    bad = _run(base + ["--t_update_cv=0.6", "--t_update_shift=2.5"])
-    assert bad.returncode == 2
-    assert [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")] == [
+    assert c2 == 2
+    assert [ln for ln in e2.splitlines() if ln.startswith("error:")] == [
         "error: invalid t_update_shift=2.5: a finite number >= 0 and < t_update=2.0"]
