@@ -17,7 +17,9 @@ def _run(*args, timeout=300):
                           text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-@pytest.mark.parametrize("dataset", ["digits", "mnist5k"])
+# mnist5k through the launcher is slow (CI's second step): the launcher end to end is test ...[digits], the
+# loading of mnist5k tests/test_data.py::test_mnist5k_real_images_fixed_stratified_split.
+@pytest.mark.parametrize("dataset", ["digits", pytest.param("mnist5k", marks=pytest.mark.slow)])
 def test_launcher_trains_on_builtin_data(tmp_path, dataset):
     r = _run(f"--workdir={tmp_path}", f"--config.dataset={dataset}")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -29,12 +31,19 @@ def test_launcher_trains_on_builtin_data(tmp_path, dataset):
     assert (tmp_path / "checkpoints").is_dir() and any((tmp_path / "checkpoints").iterdir())
 
 
+# The first five, one launcher process each, are slow (CI's second step): the same flags are cases of
+# tests/test_bad_inputs.py::test_every_bad_input_is_one_clear_error_and_writes_nothing[train.py] (exit 2, one
+# error line naming the field, no traceback, nothing written in a workdir holding keep.txt), whose driver is
+# checked against the real command line by test_the_driver_reports_what_the_command_line_does[train.py-0].
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("args,field", [
-    (["--config.batch_size=60"], "config.batch_size"),
-    (["--config.model=resnet7"], "config.model"),
-    (["--config.optimizer.name=adamw"], "config.optimizer.name"),
-    (["--config.lr.base=-0.1"], "config.lr.base"),
-    (["--config.dataset=cifar10"], "config.data_dir"),
+    pytest.param(["--config.batch_size=60"], "config.batch_size", marks=_SLOW),
+    pytest.param(["--config.model=resnet7"], "config.model", marks=_SLOW),
+    pytest.param(["--config.optimizer.name=adamw"], "config.optimizer.name", marks=_SLOW),
+    pytest.param(["--config.lr.base=-0.1"], "config.lr.base", marks=_SLOW),
+    pytest.param(["--config.dataset=cifar10"], "config.data_dir", marks=_SLOW),
     (["--config.dataset=no_such_dataset_xyz", "--config.data_dir=/tmp"], "config.dataset"),
     (["--config.dataset=cifar10", "--config.data_dir=/nonexistent-tfds-dir"], "tfds build cifar10"),
 ])
@@ -58,9 +67,14 @@ with tfds.testing.mock_data(num_examples=24):
 """
 
 
+# imagenet2012 through the launcher is slow (CI's second step): a TFDS dataset through the launcher is
+# test ...[cifar10-extra0]; imagenet2012's validation split is read by
+# tests/test_data.py::test_tfds_mock_cifar10_and_imagenet_read_through_data_source and the rrc augmentation is
+# tests/test_data.py::test_train_preprocess_shapes_and_determinism[rrc].
 @pytest.mark.parametrize("dataset,extra", [
     ("cifar10", []),
-    ("imagenet2012", ["--config.test_split=validation", "--config.augment.kind=rrc"]),
+    pytest.param("imagenet2012", ["--config.test_split=validation", "--config.augment.kind=rrc"],
+                 marks=pytest.mark.slow),
 ])
 def test_launcher_on_tfds_mock_data(tmp_path, dataset, extra):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
