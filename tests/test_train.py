@@ -140,8 +140,14 @@ def test_batch_not_divisible_by_devices_is_a_config_error():
         train.validate_config(_config(batch_size=60), 8)
 
 
-def test_polish_none_reproduces_the_unpolished_run_and_checkpoint_keeps_both(tmp_path):
-    plain = train.train_and_evaluate(_config(), str(tmp_path / "none"))
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """The testing config trained once, read by the tests that compare another run with it."""
+    return train.train_and_evaluate(_config(), str(tmp_path_factory.mktemp("plain")))
+
+
+def test_polish_none_reproduces_the_unpolished_run_and_checkpoint_keeps_both(tmp_path, plain_run):
+    plain = plain_run
     pol = train.train_and_evaluate(_config(**{"polish.mode": "recompute"}), str(tmp_path / "rec"))
     for a, b in zip(jax.tree.leaves(jax.device_get(plain["state"])), jax.tree.leaves(jax.device_get(pol["state"]))):
         np.testing.assert_array_equal(a, b)
@@ -157,6 +163,13 @@ def test_polish_none_reproduces_the_unpolished_run_and_checkpoint_keeps_both(tmp
         jax.tree.leaves(jax.device_get(pol["state"].batch_stats))))
 
 
+def test_async_emulation_at_zero_staleness_equals_plain_training(tmp_path, plain_run):
+    kw = {"async_emulation.enabled": True, "async_emulation.max_staleness": 2, "async_emulation.staleness": 0}
+    delayed = train.train_and_evaluate(_config(**kw), str(tmp_path / "delayed"))
+    np.testing.assert_array_equal(jax.device_get(plain_run["state"].params["Dense_0"]["kernel"]),
+                                  jax.device_get(delayed["state"].params["Dense_0"]["kernel"]))
+
+
 def test_async_emulation_resume_is_exact_and_histograms_are_logged(tmp_path):
     kw = {"async_emulation.enabled": True, "async_emulation.max_staleness": 3,
           "async_emulation.sampler": "uniform", "async_emulation.staleness": 3,
@@ -170,14 +183,6 @@ def test_async_emulation_resume_is_exact_and_histograms_are_logged(tmp_path):
     assert sum(full["staleness_hist"]) == 6 and len(full["staleness_hist"]) == 4
     k = full["minibatch_hist"]
     assert sum(k) == 6 and k[4] + k[8] == 6
-
-
-def test_async_emulation_at_zero_staleness_equals_plain_training(tmp_path):
-    plain = train.train_and_evaluate(_config(), str(tmp_path / "plain"))
-    kw = {"async_emulation.enabled": True, "async_emulation.max_staleness": 2, "async_emulation.staleness": 0}
-    delayed = train.train_and_evaluate(_config(**kw), str(tmp_path / "delayed"))
-    np.testing.assert_array_equal(jax.device_get(plain["state"].params["Dense_0"]["kernel"]),
-                                  jax.device_get(delayed["state"].params["Dense_0"]["kernel"]))
 
 
 def test_bad_async_config_names_the_field():
