@@ -15,6 +15,12 @@ run's JSON), ``results.csv`` and ``summary.md`` (errors per configuration, their
 percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet machine: the learners share
 the cores with everything else.
 
+The specs prediction (``--specs``): ``loo`` (the default) predicts each run with the --machine preset whose
+runtime figures (:data:`jaxsprint.perf.runtime_calibration.RUNTIME_FIELDS`: learner overhead and sharing,
+updater overhead, sharing and queue) are refitted to the measured cycle means of the OTHER runs of the grid
+(leave one out, :func:`jaxsprint.perf.runtime_calibration.cross_validate`; the compute and network figures stay
+the preset's); ``preset`` uses the preset as it is.
+
 ``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out, recomputes both
 predictions with the current model and preset (the specs one from --config with the overrides saved in
 ``results.json`` and the run's own learners, hosts, sub-batch and network time read from its log), and
@@ -55,6 +61,9 @@ _MAX_DUR = flags.DEFINE_float("max_duration_s", 180.0, "Longest run.")
 _MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the specs prediction and the plan.")
 _MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file instead of --machine.")
 _TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes after this long.")
+_SPECS = flags.DEFINE_enum("specs", "loo", ["loo", "preset"], "The specs prediction: loo = each run from the "
+                           "preset refitted (perf.runtime_calibration.cross_validate) to the OTHER runs of the grid; "
+                           "preset = the --machine preset as it is.")
 _REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "
                                "and preset; run nothing.")
 
@@ -269,13 +278,17 @@ def _override(config, overrides: list[str]):
     return config
 
 
-def reanalyse(out: str, config, machine, overrides: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+def reanalyse(out: str, config, machine, overrides: list[str] | None = None, specs: str = "preset"
+              ) -> tuple[list[dict], list[dict]]:
     """Rows of :func:`main`'s ``results.json`` recomputed from every ``out/runs/<name>/events.npz``.
 
     Each run: ``events.statistics`` of its log, the model from timings, and from specs (``config`` with
-    ``overrides`` and the log's learners per host, hosts, sub-batch and network time). The old
+    ``overrides`` and the log's learners per host, hosts, sub-batch and network time) with ``machine``
+    (``specs="preset"``) or, leave one out, with ``machine`` refitted to the measured cycles of every other
+    run (``specs="loo"``, :func:`jaxsprint.perf.runtime_calibration.cross_validate`). The old
     ``results.json`` (if any) gives each run's duration and evaluation accuracy and the overrides.
     """
+    from jaxsprint.perf import runtime_calibration
     from jaxsprint.runtime import compare, events
 
     old_path = os.path.join(out, "results.json")
@@ -293,14 +306,29 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None) -> 
     base = _override(config, overrides)
     network = compare.network_cost(base)
     rows, failures = [], []
+    stats = {}
     for name in names:
         try:
-            m = events.statistics(events.load(os.path.join(runs_dir, name, "events.npz")))
+            stats[name] = events.statistics(events.load(os.path.join(runs_dir, name, "events.npz")))
+        except Exception as e:  # noqa: BLE001 -- one broken log does not end the re-analysis; it is reported
+            print(f"{name}: FAILED: {e}", flush=True)
+            failures.append({"name": name, "error": str(e)})
+    names = [n for n in names if n in stats]
+    machines = {n: machine for n in names}
+    if specs == "loo" and len(names) >= 2:
+        runs = [runtime_calibration.RuntimeRun(
+            stats[n]["learners_per_host"], stats[n]["num_hosts"], stats[n]["sub_batch"], stats[n]["network_time_s"],
+            stats[n]["t_compute_s"], stats[n]["t_update_s"], stats[n]["t_compute_cv"], stats[n]["t_update_cv"], n)
+            for n in names]
+        machines = dict(zip(names, runtime_calibration.cross_validate(machine, network, runs)))
+    for name in names:
+        try:
+            m = stats[name]
             cfg = _override(base, [f"--config.sprint.learners_per_host={m['learners_per_host']}",
                                    f"--config.sprint.sub_batch={m['sub_batch']}",
                                    f"--config.sprint.network_time_s={m['network_time_s']}"])
             preds = {"timings": compare.predict_from_timings(m),
-                     "specs": compare.predict_from_specs(machine, network, cfg, num_hosts=m["num_hosts"],
+                     "specs": compare.predict_from_specs(machines[name], network, cfg, num_hosts=m["num_hosts"],
                                                          learners_per_host=m["learners_per_host"],
                                                          dataset_size=m["dataset_size"])}
         except Exception as e:  # noqa: BLE001 -- one broken log does not end the re-analysis; it is reported
@@ -357,7 +385,7 @@ def main(argv):
     if _REANALYSE.value:
         check(os.path.isdir(os.path.join(_OUT.value, "runs")), "--out", _OUT.value,
               "a folder with saved runs (runs/<name>/events.npz) for --reanalyse")
-        rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None)
+        rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None, _SPECS.value)
         check(bool(rows), "--out", _OUT.value, "saved runs that can be re-analysed")
         used = _config_overrides()
         if not used and os.path.exists(os.path.join(_OUT.value, "results.json")):
@@ -419,6 +447,13 @@ def main(argv):
     if not rows:
         raise ConfigError("grid", [f["name"] for f in failures], f"runs that work: every run failed, the first "
                                                                  f"with {failures[0]['error']}")
+    if _SPECS.value == "loo" and len(rows) >= 2:  # the specs predictions, each from a fit to the other runs
+        keep = {r["name"]: r for r in rows}
+        with open(os.path.join(_OUT.value, "results.json"), "w") as fh:
+            json.dump({"runs": rows, "failures": failures, "overrides": overrides}, fh)
+        loo_rows, _ = reanalyse(_OUT.value, _CONFIG.value, machine, overrides, "loo")
+        rows = [dict(keep[r["name"]], predicted_from_specs=r["predicted_from_specs"],
+                     errors_from_specs=r["errors_from_specs"]) for r in loo_rows if r["name"] in keep]
     _write(_OUT.value, rows, failures, overrides)
     if failures:
         sys.exit(1)

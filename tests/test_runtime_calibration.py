@@ -9,8 +9,10 @@ from perf_util import raises_invalid
 
 NET = zoo.get("resnet8")
 TRUE = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=2e-3, learner_contention=1.3,
-                       updater_overhead_s=4e-4, updater_contention=1.6, learner_cv=0.25, updater_cv=1.5)
-CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0, 0.02)] + [(2, 2, 32, 0.0)]
+                       updater_overhead_s=4e-4, updater_contention=1.6, updater_queue=0.3,
+                       updater_queue_hosts=1.5, learner_cv=0.25, updater_cv=1.5)
+CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0, 0.02)] + [
+    (2, 2, 32, 0.0), (1, 2, 16, 0.02), (4, 2, 32, 0.02)]
 
 
 def _runs(machine):
@@ -60,3 +62,20 @@ def test_bad_input_names_the_field():
         rc.fit_runtime(TRUE, NET, _runs(TRUE), fields=["speed"])
     with raises_invalid("fields", list(rc.RUNTIME_FIELDS), "at most as many fields as timings (2)"):
         rc.fit_runtime(TRUE, NET, _runs(TRUE)[:1])
+
+
+def test_cross_validate_fits_each_run_without_it():
+    """Leave-one-out on exact runs: every held-out run is predicted from figures fitted to the others alone
+    (a run changed by 30% moves only the other runs' machines, and its own prediction stays at the truth)."""
+    runs = _runs(TRUE)[:8] + _runs(TRUE)[-3:]
+    bad = 3
+    runs[bad] = rc.RuntimeRun(**{**runs[bad].__dict__, "t_compute_s": runs[bad].t_compute_s * 1.3})
+    fits = rc.cross_validate(mc.get("cpu_runtime"), NET, runs)
+    assert len(fits) == len(runs)
+    held = rc.predict_runs(fits[bad], NET, [runs[bad]])
+    truth = rc.predict_runs(TRUE, NET, [runs[bad]])
+    assert float(held.t_compute_s[0]) == pytest.approx(float(truth.t_compute_s[0]), rel=2e-3)
+    other = rc.predict_runs(fits[0], NET, [runs[0]])
+    assert abs(float(other.t_compute_s[0]) / runs[0].t_compute_s - 1) > 1e-3  # the altered run pulled this fit
+    with raises_invalid("runs", 1, "at least 2 measured runs"):
+        rc.cross_validate(mc.get("cpu_runtime"), NET, runs[:1])

@@ -72,7 +72,8 @@ def test_runtime_times_by_their_formulas():
     stretches with its exponent, the emulated network time and the all-reduce add on."""
     net = zoo.get("resnet8")
     m = mc.with_figures(mc.get("cpu_runtime"), learner_contention=1.5, updater_contention=0.7,
-                        learner_overhead_s=1e-3, updater_overhead_s=2e-3, updater_cv=0.4)
+                        learner_overhead_s=1e-3, updater_overhead_s=2e-3, updater_cv=0.4, updater_queue=0.0,
+                        updater_queue_hosts=0.0)
     p4 = 4.0 * float(net.total_params)
     one = float(times.compute_time_s(net, m, 32.0, 1.0)) + 1e-3
     for n in (1, 2):  # cores_per_node = 2
@@ -85,10 +86,17 @@ def test_runtime_times_by_their_formulas():
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
     tu = float(times.runtime_update_time_s(net, m, 2, 4, 0.03, sharing_learners=8))
     assert tu == pytest.approx(own + 0.03 + ring, rel=1e-5)
-    # One host: no all-reduce; co-located hosts share the cores, separate ones do not.
+    # One host: no all-reduce; co-located hosts share the cores, separate ones do not. Eight learners on two
+    # cores: the updaters' demand moves the sharing factor from 4 to (8 + 2 beta) / 2.
     r = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
-    assert float(r.t_update_s) == pytest.approx(tu, rel=1e-5)
-    assert float(r.t_update_cv) == pytest.approx(0.4 * own / tu, rel=1e-5)
+    beta = float(r.t_update_s - 0.03 - ring) / float(r.t_update_s)
+    own_b = ((4 + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s) + 2e-3) * (
+        (8 + 2 * beta) / 2) ** 0.7
+    assert float(r.t_update_s) == pytest.approx(own_b + 0.03 + ring, rel=1e-5)
+    assert float(r.t_update_s) > tu and 0 < beta < 1
+    one8 = float(times.compute_time_s(net, m, 32.0, 8.0)) + 1e-3
+    assert float(r.t_compute_s) == pytest.approx(one8 * ((8 + 2 * beta) / 2) ** 1.5, rel=1e-5)
+    assert float(r.t_update_cv) == pytest.approx(0.4 * own_b / float(r.t_update_s), rel=1e-5)
     assert float(r.t_compute_cv) == pytest.approx(float(m.learner_cv))
     apart = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, co_located=False)
     assert float(apart.t_compute_s) < float(r.t_compute_s)
@@ -96,6 +104,24 @@ def test_runtime_times_by_their_formulas():
     # Differentiable in the new figures (the search and sensitivities take gradients).
     g = jax.grad(lambda a: times.runtime_compute_time_s(net, mc.with_figures(m, learner_contention=a), 32.0, 8))(1.5)
     assert float(g) == pytest.approx(t8 * np.log(4.0), rel=1e-4)
+
+
+def test_runtime_updater_queue_once_the_learners_fill_the_cores():
+    """The queue term: q times one device step, only once the learners alone fill the cores (N >= C), with
+    the hosts' figure for several hosts; the network part does not change."""
+    net = zoo.get("resnet8")
+    base = mc.with_figures(mc.get("cpu_runtime"), updater_queue=0.0, updater_queue_hosts=0.0)
+    m = mc.with_figures(base, updater_queue=0.5, updater_queue_hosts=2.0)
+    step = float(times.compute_time_s(net, m, 32.0, 2.0))
+    kw = dict(sub_batch=32.0, network_time_s=0.02)
+    t0 = float(times.runtime_update_time_s(net, base, 1, 1, **kw))
+    assert float(times.runtime_update_time_s(net, m, 1, 1, **kw)) == pytest.approx(t0, rel=1e-6)  # N < C
+    t0 = float(times.runtime_update_time_s(net, base, 1, 2, **kw))
+    t1 = float(times.runtime_update_time_s(net, m, 1, 2, **kw))
+    assert t1 - t0 == pytest.approx(0.5 * step, rel=1e-4)   # N = C: no sharing factor yet
+    t0h = float(times.runtime_update_time_s(net, base, 2, 2, sharing_learners=2, **kw))
+    t1h = float(times.runtime_update_time_s(net, m, 2, 2, sharing_learners=2, **kw))
+    assert t1h - t0h == pytest.approx(2.0 * step, rel=1e-4)
 
 
 def test_smooth_max_has_a_finite_gradient_where_both_are_zero():

@@ -89,6 +89,11 @@ class Machine:
         the gradient's hand-off into the node buffer, Python dispatch). Default 0.
       updater_contention: The same exponent for the updater's own work, slowed by the learners it shares
         the cores with. Default 1.
+      updater_queue: Once the learners fill the cores, the updater's own work per cycle also waits this
+        fraction of one learner's device step (its computations queue behind the learners' on the shared
+        compute units; :func:`jaxsprint.perf.times.runtime_update_time_s`), one host. Default 0.
+      updater_queue_hosts: The same with several co-located hosts (processes), where each cycle's
+        all-reduce also waits for the slowest process's updater. Default 0.
       learner_cv: Coefficient of variation of a learner's cycle (the jitter of ``T_c``) in the model's
         distributions. Default 0.05.
       updater_cv: Coefficient of variation of the updater's cycle (``update_cv`` of
@@ -132,6 +137,8 @@ class Machine:
     learner_contention: jax.Array
     learner_overhead_s: jax.Array
     updater_contention: jax.Array
+    updater_queue: jax.Array
+    updater_queue_hosts: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="machine")
@@ -174,12 +181,14 @@ _GPU_EFFICIENCY_SOURCES = {
 # figure named instead, i.e. as many units as learners).
 RUNTIME_DEFAULTS: dict[str, float | str] = dict(
     cores_per_node="gpus_per_node", learner_contention=1.0, learner_overhead_s=0.0, updater_contention=1.0,
-    learner_cv=0.05, updater_cv=0.0)
+    updater_queue=0.0, updater_queue_hosts=0.0, learner_cv=0.05, updater_cv=0.0)
 _RUNTIME_DEFAULT_SOURCES = {
     "cores_per_node": "default: gpus_per_node (every learner has its own accelerator)",
     "learner_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
     "learner_overhead_s": "default: 0 (host cost of a learner cycle not modelled)",
     "updater_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
+    "updater_queue": "default: 0 (the updater's work never waits for the learners')",
+    "updater_queue_hosts": "default: 0 (the updater's work never waits for the learners')",
     "learner_cv": "default: 0.05 (assumed compute jitter)",
     "updater_cv": "default: 0 (a deterministic updater cycle, the protocol's assumption)",
 }
@@ -212,7 +221,8 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
     for field, value in figures.items():
         _check_field(field)
         allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
-                      or field in ("half_efficiency_batch", "learner_cv", "updater_cv"))
+                      or field in ("half_efficiency_batch", "learner_cv", "updater_cv", "updater_queue",
+                                   "updater_queue_hosts"))
         try:
             v = float(value)
         except (TypeError, ValueError):

@@ -46,14 +46,17 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["COMPUTE_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RuntimeFit", "RuntimeRun",
-           "fit_all", "fit_runtime", "predict_runs"]
+           "cross_validate", "fit_all", "fit_runtime", "predict_runs"]
 
 COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
-RUNTIME_FIELDS = ("learner_overhead_s", "learner_contention", "updater_overhead_s", "updater_contention")
-# Wide bounds of stage 3: overheads from 1 us to 1 s, exponents from 0.1 (sharing nearly free) to 4.
+RUNTIME_FIELDS = ("learner_overhead_s", "learner_contention", "updater_overhead_s", "updater_contention",
+                  "updater_queue", "updater_queue_hosts")
+# Wide bounds of stage 3: overheads from 1 us to 1 s, exponents from 0.1 (sharing nearly free) to 4, queue
+# fractions from 1e-4 to 10 device steps per cycle.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_contention": (0.1, 4.0),
-                  "updater_overhead_s": (1e-6, 1.0), "updater_contention": (0.1, 4.0)}
+                  "updater_overhead_s": (1e-6, 1.0), "updater_contention": (0.1, 4.0),
+                  "updater_queue": (1e-4, 10.0), "updater_queue_hosts": (1e-4, 10.0)}
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "step_overhead_s": (1e-6, 1.0)}
 
@@ -233,6 +236,29 @@ def _fit_cvs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun],
     if ratios:
         out["updater_cv"] = float(np.median(ratios))
     return machine.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
+
+
+def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                   fields: Sequence[str] | None = None, co_located: bool = True) -> list[Machine]:
+    """Leave-one-out: for every run, the machine fitted (:func:`fit_runtime`) to all the OTHER runs.
+
+    The honest specs prediction of a measured grid: run ``i`` is predicted by ``result[i]``, whose figures
+    never saw it. ``fields`` defaults to :data:`RUNTIME_FIELDS` (as many as the other runs' timings allow);
+    hosts-only figures are dropped when no other run has several hosts (nothing would constrain them).
+
+    Raises:
+      ConfigError: fewer than 2 runs, or a run :func:`fit_runtime` refuses.
+    """
+    runs = list(runs)
+    check(len(runs) >= 2, "runs", len(runs), "at least 2 measured runs (one is left out at a time)")
+    out = []
+    for i in range(len(runs)):
+        rest = runs[:i] + runs[i + 1:]
+        f = list(RUNTIME_FIELDS if fields is None else fields)
+        if not any(r.hosts > 1 for r in rest):
+            f = [x for x in f if x != "updater_queue_hosts"]
+        out.append(fit_runtime(machine, network, rest, fields=f[:2 * len(rest)], co_located=co_located).machine)
+    return out
 
 
 def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),

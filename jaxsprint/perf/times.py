@@ -20,20 +20,28 @@ pcie_bw`` (weights down, gradient up). The updater cycle:
 ``T_u = (gpus_per_node + passes) * 4P / host_bw + allreduce(4P, nodes) + t_overhead``.
 
 **The runtime on one machine** (:mod:`jaxsprint.runtime`: learner threads that may share cores, an updater
-thread on the same cores). ``N`` learners on ``C`` compute units (``cores_per_node``) time-share them once
-``N > C``, so both cycles stretch by a sharing factor with a fitted exponent:
+thread per host on the same cores). The ``C`` compute units (``cores_per_node``) are shared by every learner
+(``N``, never idle: learners do not wait) and every updater while it works (a fraction ``beta`` of its
+cycle, the rest is the network's part); once the demand ``D = N + H beta`` (``H`` updaters on the cores)
+exceeds ``C``, both cycles stretch by a sharing factor with a fitted exponent:
 
 .. math::
-    T_c(N, b) = \big(T_c(b) + t_{learner}\big)\,\max(1, N/C)^{a_c}, \qquad
-    T_u = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead}\big)\,\max(1, N/C)^{a_u}
-          + t_{net} + \mathrm{allreduce}(4P, nodes)
+    T_c = \big(T_c(b) + t_{learner}\big)\,\max(1, D/C)^{a_c}, \qquad
+    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \\
+    t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + q\,u\,T_c(b)\big)\,\max(1, D/C)^{a_u},
+    \qquad \beta = t_{own} / T_u
 
-``T_c(b)`` the learner time above, ``t_learner`` its per-cycle host cost (weight fetch, hand-off into the node
-buffer, dispatch), ``N_h`` the learners of one host (whose gradients the updater swaps out), ``t_net`` the
-runtime's emulated network time (``config.sprint.network_time_s``), the all-reduce the gloo (or NCCL) sum
-across the hosts (0 for one host). ``N`` counts every learner on the cores: all hosts' when the hosts are
-processes of one machine. For ``N <= C`` nothing changes (``a`` does not matter): the form reduces to the
-SPRINT model of separate accelerators.
+``T_c(b)`` the learner's device step above, ``t_learner`` its per-cycle host cost (weight fetch, hand-off into
+the node buffer, dispatch), ``N_h`` the learners of one host (whose gradients the updater swaps out), ``t_net``
+the runtime's emulated network time (``config.sprint.network_time_s``), the all-reduce the gloo (or NCCL) sum
+across the hosts (0 for one host). The queue term: once the learners alone fill the cores
+(``u = clip(N - C + 1, 0, 1)``), each of the updater's computations waits behind a learner's, about a fraction
+``q`` (``updater_queue``; ``updater_queue_hosts`` with several co-located hosts, whose all-reduce also waits for
+the slowest process) of one device step per cycle. ``beta`` is the fixed point of the two lines (solved by
+iteration: ``t_own`` grows with ``beta`` far more slowly than ``T_u``). ``N`` and ``H`` count every host's
+learners and updaters when the hosts are processes of one machine. With ``N + H <= C`` nothing changes (the
+exponents do not matter) and with ``q = 0`` and one unit per learner the form reduces to the SPRINT model of
+separate accelerators.
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ __all__ = ["RuntimeTimes", "SMOOTH_MAX_EPS", "compute_time_s", "device_step_time
            "sharing_slowdown", "smooth_max", "update_time_s"]
 
 SMOOTH_MAX_EPS = 0.05  # relative width of the roofline's smooth corner
+RUNTIME_FIXED_POINT_STEPS = 12  # iterations of the updater's busy fraction (runtime_times)
 
 
 def smooth_max(a: jax.Array, b: jax.Array, eps: float = SMOOTH_MAX_EPS) -> jax.Array:
@@ -277,8 +286,9 @@ def sharing_slowdown(learners: jax.Array, cores: jax.Array, contention: jax.Arra
 
 
 def runtime_compute_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
-                           learners: jax.Array, cores: jax.Array | None = None) -> jax.Array:
-    """Learner cycle ``T_c`` of the runtime: ``(T_c(b) + t_learner) max(1, N / C)^a_c`` (module docstring).
+                           learners: jax.Array, cores: jax.Array | None = None,
+                           updater_demand: jax.Array = 0.0) -> jax.Array:
+    """Learner cycle ``T_c`` of the runtime: ``(T_c(b) + t_learner) max(1, D / C)^a_c`` (module docstring).
 
     Args:
       network: Cost table of the learners' network.
@@ -287,26 +297,30 @@ def runtime_compute_time_s(network: NetworkCost, machine: Machine, sub_batch: ja
       learners: ``N``, the learner threads sharing the cores (every host's when the hosts are processes
         of one machine).
       cores: ``C`` (default: the machine's ``cores_per_node``).
+      updater_demand: ``H beta``, the cores the updaters take on average (0: they are not counted).
 
     Returns:
       Seconds.
     """
     c = machine.cores_per_node if cores is None else cores
     one = compute_time_s(network, machine, sub_batch, gpus_per_node=learners) + machine.learner_overhead_s
-    return one * sharing_slowdown(learners, c, machine.learner_contention)
+    demand = jnp.asarray(learners, jnp.float32) + updater_demand
+    return one * sharing_slowdown(demand, c, machine.learner_contention)
 
 
 def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Array, learners: jax.Array,
                           network_time_s: jax.Array = 0.0, *, sharing_learners: jax.Array | None = None,
-                          cores: jax.Array | None = None, algorithm: str = "ring") -> jax.Array:
+                          cores: jax.Array | None = None, algorithm: str = "ring", sub_batch: jax.Array | None = None,
+                          updater_demand: jax.Array = 0.0) -> jax.Array:
     """Updater cycle ``T_u`` of the runtime (module docstring).
 
-    ``((learners + updater_passes) 4P / host_bw + updater_overhead_s) max(1, N / C)^a_u + network_time_s
-    + allreduce(4P, nodes)``.
+    ``((learners + updater_passes) 4P / host_bw + updater_overhead_s + q u T_c(b)) max(1, D / C)^a_u
+    + network_time_s + allreduce(4P, nodes)``, ``D = N + updater_demand``.
 
     Args:
-      network: Cost table (only the parameter count matters).
-      machine: Machine (host bandwidth, ``updater_overhead_s``, ``updater_contention``, network figures).
+      network: Cost table (only the parameter count matters, and the device step for the queue term).
+      machine: Machine (host bandwidth, ``updater_overhead_s``, ``updater_contention``, ``updater_queue``
+        (``updater_queue_hosts`` when ``nodes > 1``), network figures).
       nodes: Hosts all-reducing every cycle (1: no all-reduce).
       learners: Learners of one host (the gradients its updater takes in).
       network_time_s: The runtime's emulated network time added to every cycle.
@@ -314,23 +328,32 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Arr
         host's when the hosts are processes of one machine).
       cores: ``C`` (default: the machine's ``cores_per_node``).
       algorithm: Inter-node all-reduce, one of :data:`jaxsprint.perf.collectives.ALGORITHMS`.
+      sub_batch: The learners' sub-batch, for the queue term (None: no queue term).
+      updater_demand: ``H beta``, the cores the updaters take on average.
 
     Returns:
       Seconds.
     """
     t_own, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s,
-                                          sharing_learners, cores, algorithm)
+                                          sharing_learners, cores, algorithm, sub_batch, updater_demand)
     return t_own + t_wait
 
 
-def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners, cores, algorithm):
+def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
+                          sub_batch=None, updater_demand=0.0):
     """``(the updater's own work, the network's part)`` of :func:`runtime_update_time_s`."""
     c = machine.cores_per_node if cores is None else cores
-    n = learners if sharing_learners is None else sharing_learners
+    n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
     param_bytes = BYTES_PER_VALUE * network.total_params
     t_host = (g + machine.updater_passes) * param_bytes / machine.host_memory_bandwidth_bytes_per_s
-    t_own = (t_host + machine.updater_overhead_s) * sharing_slowdown(n, c, machine.updater_contention)
+    t_queue = 0.0
+    if sub_batch is not None:
+        full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
+        q = jnp.where(jnp.asarray(nodes, jnp.float32) > 1, machine.updater_queue_hosts, machine.updater_queue)
+        t_queue = q * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
+    t_own = (t_host + machine.updater_overhead_s + t_queue) * sharing_slowdown(n + updater_demand, c,
+                                                                               machine.updater_contention)
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
     return t_own, t_net + jnp.asarray(network_time_s, jnp.float32)
@@ -370,9 +393,21 @@ def runtime_times(network: NetworkCost, machine: Machine, *, learners_per_host: 
       steady, so ``t_update_cv = updater_cv * own / T_u``.
     """
     per_host = jnp.asarray(learners_per_host, jnp.float32)
-    sharing = per_host * jnp.asarray(hosts, jnp.float32) if co_located else per_host
-    t_c = runtime_compute_time_s(network, machine, sub_batch, sharing)
-    t_own, t_wait = _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None,
-                                          algorithm)
+    h = jnp.asarray(hosts, jnp.float32)
+    sharing = per_host * h if co_located else per_host
+    updaters = h if co_located else jnp.float32(1.0)
+
+    def parts(beta):
+        return _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None, algorithm,
+                                     sub_batch, updaters * beta)
+
+    # beta = t_own / T_u by fixed-point iteration from 1 (a busy updater); a few steps reach float32 rounding
+    # because t_own changes with beta only through the sharing factor.
+    beta = jnp.float32(1.0)
+    for _ in range(RUNTIME_FIXED_POINT_STEPS):
+        t_own, t_wait = parts(beta)
+        beta = t_own / (t_own + t_wait)
+    t_own, t_wait = parts(beta)
     t_u = t_own + t_wait
+    t_c = runtime_compute_time_s(network, machine, sub_batch, sharing, updater_demand=updaters * beta)
     return RuntimeTimes(t_c, t_u, jnp.asarray(machine.learner_cv, jnp.float32), machine.updater_cv * t_own / t_u)
