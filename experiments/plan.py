@@ -62,7 +62,8 @@ flags.DEFINE_enum("lr_rule", "linear", ["linear", "lr_tau", "none"], "Learning r
                   "mean mini-batch, the same divided by each gradient's staleness, or constant.")
 flags.DEFINE_float("base_lr", 0.05, "Proxy learning rate at --reference_batch proxy samples.")
 flags.DEFINE_float("reference_batch", 32.0, "Proxy mini-batch of --base_lr.")
-flags.DEFINE_float("momentum", 0.9, "Proxy SGD momentum (applied by the updater to the stale gradients).")
+flags.DEFINE_float("momentum", 0.5, "Proxy SGD momentum (applied by the updater to the stale gradients; asynchrony adds "
+                   "momentum of its own, docs/planning.md).")
 flags.DEFINE_float("t_compute_cv", 0.05, "Coefficient of variation of the learners' compute time.")
 flags.DEFINE_integer("seeds", 4, "Seeds per emulated run (vmapped).")
 flags.DEFINE_integer("max_updates", 1500, "Updates per emulated run (a run that does not reach the target "
