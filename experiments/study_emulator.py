@@ -49,6 +49,8 @@ def quick_config(base):
     with c.unlocked():
         c.study.names, c.study.learners, c.study.network_times = ("quick",), (2,), (0.01,)
         c.study.num_updates, c.study.seeds = 6, (0,)
+        if c.study.get("sub_batches") is not None:
+            c.study.sub_batches = (int(c.sprint.sub_batch),)
         c.sprint.warmup_s = 0.0
     return c
 
@@ -68,6 +70,10 @@ def validate_study(base, num_devices: int) -> None:
     check(len(s.learners) == len(s.names) == len(s.network_times), "config.study.learners", s.learners,
           f"one entry per name in config.study.names ({len(s.names)}), as config.study.network_times")
     check(len(set(s.names)) == len(s.names), "config.study.names", s.names, "distinct names")
+    subs = s.get("sub_batches")
+    check(subs is None or (len(subs) == len(s.names) and all(isinstance(b, int) and b >= 1 for b in subs)),
+          "config.study.sub_batches", subs, f"None (config.sprint.sub_batch for all) or one integer >= 1 per name "
+                                            f"({len(s.names)})")
     check(isinstance(s.num_updates, int) and s.num_updates >= 1, "config.study.num_updates", s.num_updates,
           "an integer >= 1")
     for seed in s.seeds:
@@ -76,11 +82,18 @@ def validate_study(base, num_devices: int) -> None:
         runtime.validate_config(runtime_config(base, i, s.seeds[0]), num_devices)
 
 
+def sub_batch(base, i: int) -> int:
+    """Configuration ``i``'s sub-batch: ``study.sub_batches[i]`` where given, else ``sprint.sub_batch``."""
+    subs = base.study.get("sub_batches")
+    return int(subs[i]) if subs is not None else int(base.sprint.sub_batch)
+
+
 def runtime_config(base, i: int, seed: int):
     """The SPRINT config of configuration ``i`` and ``seed``: ``study.num_updates`` versions, no other stop."""
     c = copy.deepcopy(base)
     with c.unlocked():
         c.sprint.learners_per_host = int(base.study.learners[i])
+        c.sprint.sub_batch = sub_batch(base, i)
         c.sprint.network_time_s = float(base.study.network_times[i])
         c.sprint.num_updates, c.sprint.duration_s, c.sprint.num_epochs = int(base.study.num_updates), 0.0, 0.0
         c.sprint.seed = int(seed)
@@ -89,9 +102,10 @@ def runtime_config(base, i: int, seed: int):
     return c
 
 
-def _peak_lr(base, learners: int) -> float:
-    """The runtime's peak rate: linear scaling for the nominal mini-batch sub_batch x learners."""
-    nominal = int(base.sprint.sub_batch) * int(learners)
+def _peak_lr(base, i: int) -> float:
+    """The runtime's peak rate of configuration ``i``: linear scaling for the nominal mini-batch sub_batch x
+    learners."""
+    nominal = sub_batch(base, i) * int(base.study.learners[i])
     return float(base.lr.base * nominal / base.lr.reference_batch if base.lr.scaling == "linear" else base.lr.base)
 
 
@@ -99,7 +113,7 @@ def emulator_config(base, i: int, seed: int, stats, applied_updates: int):
     """The training config that emulates configuration ``i``'s runtime run from its measured statistics."""
     import numpy as np
 
-    b = int(base.sprint.sub_batch)
+    b = sub_batch(base, i)
     stale = {int(k): float(v) for k, v in stats["staleness_pmf"].items()}
     count = {int(k): float(v) for k, v in stats["count_pmf"].items() if int(k) >= 1}
     if not stale:
@@ -121,7 +135,7 @@ def emulator_config(base, i: int, seed: int, stats, applied_updates: int):
         c.batch_size = b * n_sub
         c.grad_accum_steps = 1
         c.bn.reduction, c.bn.group_size = "group", b
-        c.lr.scaling, c.lr.base = "none", _peak_lr(base, base.study.learners[i])
+        c.lr.scaling, c.lr.base = "none", _peak_lr(base, i)
         c.num_train_steps = max(1, int(applied_updates))
         c.eval_every_epochs, c.checkpoint_every_epochs, c.progress_bar = 0.0, 0.0, False
         c.polish.mode = "none"
@@ -215,14 +229,14 @@ def write_report(base, results):
         rt, em = _vals(results, base, name, "runtime"), _vals(results, base, name, "emulator")
         d, _, _ = studies.mean_std(em)
         r, _, _ = studies.mean_std(rt)
-        rows.append([name, s.learners[i], f"{1e3 * s.network_times[i]:g}", f"{ms:.2f}", f"{mb:.1f}", f"{up:.0f}",
+        rows.append([name, s.learners[i], sub_batch(base, i), f"{1e3 * s.network_times[i]:g}", f"{ms:.2f}", f"{mb:.1f}", f"{up:.0f}",
                      studies.fmt_cell(rt), studies.fmt_cell(em), f"{100 * (d - r):+.2f}"])
-    table = studies.markdown_table(["config", "learners", "network ms", "mean staleness", "mean mini-batch",
+    table = studies.markdown_table(["config", "learners", "sub-batch", "network ms", "mean staleness", "mean mini-batch",
                                     "applied updates", "runtime top-1 %", "emulator top-1 %",
                                     "emulator - runtime"], rows)
     minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    text = (f"Model {base.model} on {base.dataset} at {base.image_size}x{base.image_size}, sub-batch "
-            f"{base.sprint.sub_batch}, {s.num_updates} published versions per runtime run, "
+    text = (f"Model {base.model} on {base.dataset} at {base.image_size}x{base.image_size}, "
+            f"{s.num_updates} published versions per runtime run, "
             f"{base.optimizer.name} momentum {base.optimizer.momentum}, lr schedule {base.lr.schedule}, seeds "
             f"{list(s.seeds)}. The emulator draws each update's delay and sub-batch count from the measured pmfs "
             f"of the runtime run of the same seed and trains for its applied updates. Mean ± std over seeds. "

@@ -39,10 +39,20 @@ def test_emulator_config_follows_the_measured_pmfs():
     assert c.lr.base == pytest.approx(base.lr.base * base.sprint.sub_batch * base.study.learners[1]
                                       / base.lr.reference_batch)
     async_emulation.validate_config(c)
+    # A configuration with its own sub-batch: the runtime's and the emulator's sub-batch and rate follow it.
+    i = list(base.study.names).index("very_high")
+    b = base.study.sub_batches[i]
+    assert b != base.sprint.sub_batch
+    assert study_emulator.runtime_config(base, i, 0).sprint.sub_batch == b
+    c = study_emulator.emulator_config(base, i, 0, stats, 10)
+    assert c.batch_size == 5 * b and c.bn.group_size == b
+    assert c.lr.base == pytest.approx(base.lr.base * b * base.study.learners[i] / base.lr.reference_batch)
 
 
 @pytest.mark.slow  # two short trainings (runtime and emulator) of a tiny model, with their compiles
 def test_quick_study_end_to_end(tmp_path):
+    from experiments.configs import emulator_study
+
     out = tmp_path / "study"
     r = _run(f"--config={CONFIG}", f"--out={out}", "--quick", "--config.model=tiny")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -54,7 +64,8 @@ def test_quick_study_end_to_end(tmp_path):
     em = results["quick_s0_emulator"]
     assert em["diverged"] or 0.0 <= em["eval_accuracy"] <= 1.0
     table = (tmp_path / "study.md").read_text()
-    assert "| config | learners | network ms |" in table and "| quick | 2 | 10 |" in table
+    sub = emulator_study.get_config().sprint.sub_batch
+    assert "| config | learners | sub-batch | network ms |" in table and f"| quick | 2 | {sub} | 10 |" in table
 
 
 @pytest.mark.slow  # a subprocess that starts JAX: about a minute on the loaded machine
