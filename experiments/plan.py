@@ -235,6 +235,8 @@ def validate_runtime() -> dict[str, Any]:
     configs = plan_runtime.parse_configs(FLAGS.runtime_configs)
     check(bool(FLAGS.runtime_workdir), "--runtime_workdir", FLAGS.runtime_workdir, "a directory for the runs")
     base = sprint_config.get_config()
+    with base.unlocked():  # --momentum is the runtime's too, so that both sides train the same optimizer
+        base.optimizer.momentum = float(FLAGS.momentum)
     data = convergence.load_proxy_data("digits")
     em = convergence.Emulator(data, "tiny_nobn", seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
                               eval_every=FLAGS.eval_every, momentum=float(base.optimizer.momentum),
