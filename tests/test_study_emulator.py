@@ -40,8 +40,10 @@ def test_emulator_config_follows_the_measured_pmfs():
                                       / base.lr.reference_batch)
     async_emulation.validate_config(c)
     # A configuration with its own sub-batch: the runtime's and the emulator's sub-batch and rate follow it.
-    i = list(base.study.names).index("very_high")
-    b = base.study.sub_batches[i]
+    i = 2
+    with base.unlocked():
+        base.study.sub_batches = (16, 16, 128)
+    b = 128
     assert b != base.sprint.sub_batch
     assert study_emulator.runtime_config(base, i, 0).sprint.sub_batch == b
     c = study_emulator.emulator_config(base, i, 0, stats, 10)
