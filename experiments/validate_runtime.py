@@ -316,10 +316,8 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     names = [n for n in names if n in stats]
     machines = {n: machine for n in names}
     if specs == "loo" and len(names) >= 2:
-        runs = [runtime_calibration.RuntimeRun(
-            stats[n]["learners_per_host"], stats[n]["num_hosts"], stats[n]["sub_batch"], stats[n]["network_time_s"],
-            stats[n]["t_compute_s"], stats[n]["t_update_s"], stats[n]["t_compute_cv"], stats[n]["t_update_cv"], n)
-            for n in names]
+        runs = [runtime_calibration.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n})
+                for n in names]
         machines = dict(zip(names, runtime_calibration.cross_validate(machine, network, runs)))
     for name in names:
         try:
