@@ -77,13 +77,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxsprint.errors import ConfigError
 from jaxsprint.perf import renewal as rn
 from jaxsprint.perf import times
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
+from jaxsprint.perf.pmf import pmf_items, to_fixed_support  # re-exported (they were defined here)
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
@@ -362,7 +362,6 @@ def _staleness(q, cv, ucv, shift, size: int, m: int):
     return offset, stride, jnp.where(exact, exact_pmf, approx_pmf), exact
 
 
-@functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size", "mix_nodes"))
 def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.Array,
                   cv: jax.Array = 0.0, update_cv: jax.Array = 0.0, update_shift_s: jax.Array = 0.0, *,
                   learner_size: int = 128,
@@ -390,13 +389,18 @@ def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.
     """
     if learner_size > count_size:
         raise ConfigError("learner_size", learner_size, f"<= count_size={count_size}")
-    tc = jnp.asarray(t_compute_s, jnp.float32)
-    tu = jnp.asarray(t_update_s, jnp.float32)
-    n = jnp.asarray(n_workers, jnp.float32)
-    cv = jnp.asarray(cv, jnp.float32)
-    ucv = jnp.asarray(update_cv, jnp.float32)
+    # Every input as a float32 array, all six always passed: one compilation per window set, whatever
+    # the callers' Python types (int / float / numpy scalar) and whichever arguments they leave out.
+    args = (n_workers, t_compute_s, t_update_s, cv, update_cv, update_shift_s)
+    return _distributions(*(jnp.asarray(a, jnp.float32) for a in args), learner_size=learner_size,
+                          count_size=count_size, staleness_size=staleness_size, mix_nodes=mix_nodes)
+
+
+@functools.partial(jax.jit, static_argnames=("learner_size", "count_size", "staleness_size", "mix_nodes"))
+def _distributions(n, tc, tu, cv, ucv, shift_s, *, learner_size: int, count_size: int, staleness_size: int,
+                   mix_nodes: int) -> Distributions:
     r, q = tu / tc, tc / tu
-    shift = jnp.asarray(update_shift_s, jnp.float32) / tu
+    shift = shift_s / tu
     c_off, c_stride, c_pmf, c_exact = _count(n, r, cv, ucv, shift, learner_size, count_size, mix_nodes)
     s_off, s_stride, s_pmf, s_exact = _staleness(q, cv, ucv, shift, staleness_size, mix_nodes)
     _, var_k = _moments(c_off, c_stride, c_pmf)
@@ -472,18 +476,6 @@ def delay_pmfs(n_workers: float, t_compute_s: float, t_update_s: float, cv: floa
     return (to_fixed_support(d.staleness_offset, d.staleness_pmf, max_staleness, lump=lump,
                              stride=d.staleness_stride),
             to_fixed_support(d.count_offset, d.count_pmf, max_count, lump=lump, stride=d.count_stride))
-
-
-def to_fixed_support(offset: jax.Array, pmf: jax.Array, max_value: int, *, lump: bool = True,
-                     stride: jax.Array = 1) -> jax.Array:
-    """A lattice pmf (values ``offset + stride * i``) on ``0..max_value``; the mass above
-    ``max_value`` is lumped into the last entry (``lump=True``) or dropped."""
-    values = (jnp.asarray(offset, jnp.float32)
-              + jnp.asarray(stride, jnp.float32) * jnp.arange(pmf.shape[-1], dtype=jnp.float32))
-    idx = jnp.clip(values, 0, max_value + 1).astype(jnp.int32)
-    if lump:
-        return jnp.zeros((max_value + 1,), pmf.dtype).at[jnp.minimum(idx, max_value)].add(pmf)
-    return jnp.zeros((max_value + 1,), pmf.dtype).at[idx].add(pmf, mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -586,15 +578,6 @@ def validate_config(network: NetworkCost, machine: Machine, nodes: int, gpus_per
         warnings.append(f"nodes={nodes} exceeds the {int(float(machine.max_nodes))} nodes of "
                         f"{machine.name}: the prediction is for a hypothetical larger machine")
     return warnings
-
-
-def pmf_items(offset: int, pmf: np.ndarray, scale: int = 1, threshold: float = 1e-9, *, stride: int = 1
-              ) -> dict[str, float]:
-    """``{str(scale * value): probability}`` for the entries above ``threshold`` (for JSON);
-    ``value = offset + stride * i`` (pass ``Distributions.count_stride`` / ``staleness_stride``)."""
-    pmf = np.asarray(pmf, np.float64)
-    base, step = int(offset), int(stride)
-    return {str(scale * (base + step * i)): float(f"{p:.9g}") for i, p in enumerate(pmf) if p > threshold}
 
 
 __all__ = [
