@@ -46,8 +46,9 @@ def ref_staleness_pmf(q, cv, smax):
     return pmf
 
 
-# One window set for the small configurations below: one compilation of `distributions`.
-W = dict(learner_size=64, count_size=256, staleness_size=64)
+# One window set for the small configurations below, with or without updater jitter: one compilation of
+# `distributions` (the same program as suggest_windows' small set with jitter).
+W = dict(sprint.SMALL_WINDOWS, mix_nodes=64)
 
 
 def fixed(offset, pmf, n):
@@ -245,8 +246,8 @@ def test_memory_limit_and_validation_messages():
 
 
 def test_update_cv_zero_is_the_fixed_cycle_model():
-    a = sprint.distributions(16, 1.0, 2.7, 0.3, **W)
-    b = sprint.distributions(16, 1.0, 2.7, 0.3, 0.0, **W, mix_nodes=64)
+    a = sprint.distributions(16, 1.0, 2.7, 0.3, **sprint.SMALL_WINDOWS, mix_nodes=1)
+    b = sprint.distributions(16, 1.0, 2.7, 0.3, 0.0, **W)
     np.testing.assert_allclose(np.asarray(a.count_pmf), np.asarray(b.count_pmf), atol=1e-6)
     np.testing.assert_allclose(np.asarray(a.staleness_pmf), np.asarray(b.staleness_pmf), atol=1e-6)
 
@@ -305,8 +306,8 @@ def test_shifted_renewal_count_matches_float64_reference(w, cv, shift):
 
 
 def test_update_shift_zero_is_todays_model_and_simulator():
-    a = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, **W, mix_nodes=32)
-    b = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 0.0, **W, mix_nodes=32)
+    a = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, **W)
+    b = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 0.0, **W)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert sprint.suggest_windows(6, 1.0, 1.3, 0.3, 0.7) == sprint.suggest_windows(6, 1.0, 1.3, 0.3, 0.7, 0.0)
@@ -315,15 +316,14 @@ def test_update_shift_zero_is_todays_model_and_simulator():
     np.testing.assert_array_equal(s0.count_hist, s1.count_hist)
     np.testing.assert_array_equal(s0.staleness_hist, s1.staleness_hist)
     # A tiny shift is close to none: the model is continuous in it.
-    c = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 1e-4, **W, mix_nodes=32)
+    c = sprint.distributions(6, 1.0, 1.3, 0.3, 0.7, 1e-4, **W)
     np.testing.assert_allclose(np.asarray(c.count_pmf), np.asarray(a.count_pmf), atol=2e-3)
     np.testing.assert_allclose(np.asarray(c.staleness_pmf), np.asarray(a.staleness_pmf), atol=2e-3)
 
 
 def test_shifted_cycle_keeps_the_means_and_narrows_the_count():
-    kw = dict(**W, mix_nodes=32)
-    a = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, **kw)
-    b = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, 1.2, **kw)
+    a = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, **W)
+    b = sprint.distributions(4, 1.0, 2.0, 0.2, 0.6, 1.2, **W)
     for d in (a, b):
         x = float(d.count_offset) + np.arange(d.count_pmf.size)
         y = float(d.staleness_offset) + np.arange(d.staleness_pmf.size)
