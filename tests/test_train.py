@@ -231,8 +231,9 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
         step = train.make_train_step(model=model, num_classes=10, accum_steps=2, unroll_accum=1,
                                      num_shards=jax.device_count(), mesh=mesh)
         f = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep))
-        programs[impl] = f.lower(state, x, y, w).compile().as_text()
-        params[impl] = jax.device_get(f(state, x, y, w)[0].params)
+        compiled = f.lower(state, x, y, w).compile()  # run as it is: f(...) would compile it again
+        programs[impl] = compiled.as_text()
+        params[impl] = jax.device_get(compiled(state, x, y, w)[0].params)
     assert "while" in programs["auto"]  # the scanned accumulation
     if accel.kernels:
         assert "jaxsprint_conv_filter_grad_f32" in programs["auto"]
