@@ -369,6 +369,9 @@ def distributions(n_workers: jax.Array, t_compute_s: jax.Array, t_update_s: jax.
                   ) -> Distributions:
     """Mini-batch and staleness distributions of a configuration (see the module docstring).
 
+    Jitted: compiled once per set of static sizes (the inputs are cast to float32 first), and it
+    traces under an outer jit or vmap.
+
     Args:
       n_workers: ``N`` learners (integer valued).
       t_compute_s: ``T_c``, mean learner time per sub-batch.
