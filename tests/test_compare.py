@@ -31,6 +31,25 @@ def test_compare_gives_signed_relative_errors_and_tvs():
     assert e["minibatch_tv"] == pytest.approx(0.5) and e["staleness_tv"] == 0.0
 
 
+def test_tv_floor_is_the_sampling_noise_of_a_finite_run():
+    assert compare.tv_floor({5: 1.0}, 100) == 0.0  # a point mass is measured exactly
+    assert math.isnan(compare.tv_floor({}, 100)) and math.isnan(compare.tv_floor({1: 1.0}, 0))
+    k = np.arange(-40, 41)
+    sigma = 6.0
+    p = np.exp(-0.5 * (k / sigma) ** 2)
+    pmf = dict(zip(k.tolist(), (p / p.sum()).tolist()))
+    f = compare.tv_floor(pmf, 600)
+    assert f == pytest.approx(0.89 * math.sqrt(sigma / 600), rel=0.08)  # the docstring's large-n law
+    assert compare.tv_floor(pmf, 2400) / f == pytest.approx(0.5, rel=0.08)  # 1/sqrt(n)
+    assert compare.tv_floor(pmf, 600) == f  # seeded
+    # compare() reports the floors of the prediction over the run's updates and gradients
+    e = compare.compare(dict(epoch_time_s=1.0, mean_minibatch=1.0, mean_staleness=1.0, minibatch_pmf=pmf,
+                             staleness_pmf={0: 1.0}, updates=600, gradients=10),
+                        dict(epoch_time_s=1.0, mean_minibatch=1.0, mean_staleness=1.0, minibatch_pmf=pmf,
+                             staleness_pmf={0: 1.0}))
+    assert e["minibatch_tv_floor"] == f and e["staleness_tv_floor"] == 0.0
+
+
 def test_predict_is_the_model():
     p = compare.predict(4, 0.02, 0.035, 0.3, sub_batch=32, dataset_size=1500)
     assert p["epoch_time_s"] == pytest.approx(1500 * 0.02 / (4 * 32))

@@ -149,3 +149,39 @@ def test_statistics_of_a_long_simulated_run_match_the_model(n, tu, cv):
     assert s["images_per_s"] == pytest.approx(4 * n / tc, rel=0.02)
     assert _tv(s["count_pmf"], d.count_offset, d.count_pmf) < 0.02
     assert _tv(s["staleness_pmf"], d.staleness_offset, d.staleness_pmf) < 0.02
+
+
+def _with_global_stalls(ev: dict, mean_stall: float, seed: int) -> dict:
+    """The log with a stall of the whole process (every thread frozen, exponential length) right after each
+    swap: the updater's cycles jitter by the stalls, and no gradient progresses during one."""
+    ev = {k: np.array(v) for k, v in ev.items()}
+    swaps = ev["update_t_start"].copy()
+    extra = np.cumsum(np.random.default_rng(seed).exponential(mean_stall, swaps.size))
+
+    def shift(t):
+        i = np.searchsorted(swaps, t, side="right") - 1
+        return t + np.where(i >= 0, extra[np.maximum(i, 0)], 0.0)
+
+    for k in ("grad_t_start", "grad_t_end", "update_t_start", "update_t_end"):
+        ev[k] = shift(ev[k])
+    ev["t_stop_s"] = np.float64(shift(np.asarray([float(ev["t_stop_s"])]))[0])
+    return ev
+
+
+def test_count_coupling_finds_what_the_model_assumes_and_what_breaks_it():
+    ev = events.simulate_log(4, 0.02, 0.03, 0.3, 0.3, duration_s=300.0, warmup_s=1.0, seed=3)
+    c = events.count_coupling(ev)
+    # The model's protocol: arrivals independent of the updater, so the count follows the cycle's length at
+    # the learners' rate and a swap-aligned window is like any other of its length.
+    assert c["slope_ratio"] == pytest.approx(1.0, abs=0.1)
+    assert c["variance_ratio"] == pytest.approx(1.0, abs=0.1)
+    # Global stalls: the same arrivals in operational time, cycles stretched by time in which nothing runs.
+    stalled = events.count_coupling(_with_global_stalls(
+        events.simulate_log(4, 0.02, 0.03, 0.3, 0.0, duration_s=300.0, warmup_s=1.0, seed=3), 0.01, 4))
+    assert abs(stalled["slope_ratio"]) < 0.15
+    assert stalled["variance_ratio"] < 0.8
+    small = events.count_coupling(hand_log())  # swaps at 2, 4 and 7 s after the warm-up: counts 1 and 2
+    assert small["var_cycles"] == pytest.approx(0.25)
+    ev = hand_log()
+    ev["warmup_until_s"] = np.float64(3.0)  # two swaps left: one cycle is not enough
+    assert math.isnan(events.count_coupling(ev)["slope_ratio"])

@@ -28,10 +28,11 @@ from jaxsprint.errors import ConfigError
 
 __all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
            "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "summarize_errors",
-           "tv_distance", "update_shift"]
+           "tv_distance", "tv_floor", "update_shift"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
-              "staleness_tv")
+              "staleness_tv", "minibatch_tv_floor", "staleness_tv_floor")
+TV_FLOOR_DRAWS = 200  # samples of the sampling floor (tv_floor): its mean is known to about 1% of itself
 
 
 def _accepts(fn: Any, name: str) -> bool:
@@ -267,6 +268,36 @@ def tv_distance(p: Mapping[Any, float], q: Mapping[Any, float]) -> float:
     return 0.5 * sum(abs(p.get(k, 0.0) / sp - q.get(k, 0.0) / sq) for k in set(p) | set(q))
 
 
+def tv_floor(pmf: Mapping[Any, float], n: int, *, draws: int = TV_FLOOR_DRAWS, seed: int = 0) -> float:
+    """The sampling floor of a measured pmf's TV distance: the mean :func:`tv_distance` between ``pmf``
+    and the empirical pmf of ``n`` independent draws from it.
+
+    A model that were exactly right would still score this against a run of ``n`` updates (or gradients):
+    the empirical pmf of a finite run is noisy. For a pmf of standard deviation ``sigma`` (in its
+    lattice's steps) and large ``n`` it is about ``0.89 sqrt(sigma / n)`` (``1/2 sum_k E|p_k - p^_k|``
+    with ``E|p - p^| ~ sqrt(2 p / (pi n))`` and ``sum_k sqrt(p_k) ~ 2.24 sqrt(sigma)`` for a bell shape), so
+    wide pmfs over few updates have a high floor.
+    Consecutive cycles of a real run are correlated, which makes its effective ``n`` smaller: the floor
+    is a lower bound.
+
+    Args:
+      pmf: Value -> probability (normalised first).
+      n: Draws per sample (the run's updates, or its gradients).
+      draws: Samples averaged.
+      seed: Seed of the draws (deterministic).
+
+    Returns:
+      The mean TV (NaN for an empty pmf or ``n < 1``).
+    """
+    items = [(int(k), float(v)) for k, v in pmf.items() if float(v) > 0]
+    total = sum(v for _, v in items)
+    if not items or total <= 0 or int(n) < 1:
+        return math.nan
+    p = np.asarray([v for _, v in items]) / total
+    counts = np.random.default_rng(seed).multinomial(int(n), p, size=int(draws))
+    return float(np.mean(0.5 * np.abs(counts / int(n) - p).sum(axis=1)))
+
+
 def _rel(pred: float, meas: float) -> float:
     if not (math.isfinite(pred) and math.isfinite(meas)) or meas == 0:
         return math.nan
@@ -278,7 +309,9 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
 
     Returns:
       ``epoch_time_rel_error``, ``mean_minibatch_rel_error``, ``mean_staleness_rel_error`` (signed:
-      ``predicted / measured - 1``), ``minibatch_tv`` and ``staleness_tv`` (:func:`tv_distance`).
+      ``predicted / measured - 1``), ``minibatch_tv`` and ``staleness_tv`` (:func:`tv_distance`), and
+      their sampling floors ``minibatch_tv_floor`` and ``staleness_tv_floor`` (:func:`tv_floor` of the
+      predicted pmf over the measured ``updates`` and ``gradients``; NaN where those are not given).
     """
     return dict(
         epoch_time_rel_error=_rel(predicted["epoch_time_s"], measured["epoch_time_s"]),
@@ -286,6 +319,8 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
         mean_staleness_rel_error=_rel(predicted["mean_staleness"], measured["mean_staleness"]),
         minibatch_tv=tv_distance(measured["minibatch_pmf"], predicted["minibatch_pmf"]),
         staleness_tv=tv_distance(measured["staleness_pmf"], predicted["staleness_pmf"]),
+        minibatch_tv_floor=tv_floor(predicted["minibatch_pmf"], measured.get("updates", 0)),
+        staleness_tv_floor=tv_floor(predicted["staleness_pmf"], measured.get("gradients", 0)),
     )
 
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from jaxsprint.errors import DataError
 
-__all__ = ["GRADIENT_FIELDS", "SCALAR_FIELDS", "UPDATE_FIELDS", "check", "load", "save", "simulate_log",
-           "staleness", "statistics"]
+__all__ = ["GRADIENT_FIELDS", "SCALAR_FIELDS", "UPDATE_FIELDS", "check", "count_coupling", "load", "save",
+           "simulate_log", "staleness", "statistics"]
 
 GRADIENT_FIELDS = {"grad_learner": np.int32, "grad_host": np.int32, "grad_read_version": np.int64,
                    "grad_applied_version": np.int64, "grad_t_start": np.float64, "grad_t_end": np.float64}
@@ -266,6 +266,55 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
         dataset_size=int(ev["dataset_size"]), network_time_s=float(ev["network_time_s"]),
         lockstep=bool(ev["lockstep"]), warmup_until_s=warm, t_stop_s=stop,
     )
+
+
+def count_coupling(ev: dict[str, Any], *, windows: int = 20000, seed: int = 0) -> dict[str, float]:
+    r"""How the gradients per update depend on the updater's own cycles (the model assumes they do not).
+
+    The model counts the arrivals of ``N`` independent stationary learners in a window of the updater's
+    cycle length: the count grows with the cycle at the learners' rate, and a window placed at the
+    updater's swaps holds as many arrivals as a window of the same length placed anywhere. Two
+    measurements of a log test that, after the warm-up:
+
+    * ``slope_ratio``: the least-squares slope of an update's count against its cycle's length (swap to
+      swap, host 0's clock), over the measured arrival rate (gradients that ended per second). 1 when
+      the learners progress through the whole cycle; 0 when the cycle's jitter is time in which no
+      learner progresses either (a stall of the whole process).
+    * ``var_cycles`` / ``var_random``: the variance of the counts over the updater's cycles, and of the
+      arrivals in ``windows`` random windows (lengths drawn from the cycles, starts uniform in the
+      measured span); ``variance_ratio`` their ratio, 1 for independent arrivals, below 1 when the
+      arrivals keep step with the swaps.
+
+    Args:
+      ev: An event log (checked with :func:`check`).
+      windows: Random windows.
+      seed: Seed of their draws.
+
+    Returns:
+      ``slope_ratio``, ``var_cycles``, ``var_random``, ``variance_ratio`` (NaN with fewer than 3 updates
+      after the warm-up).
+    """
+    ev = check(ev)
+    warm, stop = float(ev["warmup_until_s"]), float(ev["t_stop_s"])
+    ups = ev["update_t_start"] >= warm
+    swaps, counts = ev["update_t_start"][ups], ev["update_count"][ups].astype(np.float64)
+    nan = dict(slope_ratio=math.nan, var_cycles=math.nan, var_random=math.nan, variance_ratio=math.nan)
+    if swaps.size < 3 or stop <= warm:
+        return nan
+    gaps, c = np.diff(swaps), counts[1:]  # update k gathers what ended between swaps k-1 and k
+    ends = np.sort(ev["grad_t_end"][(ev["grad_t_end"] >= warm) & (ev["grad_t_end"] <= stop)])
+    rate = ends.size / (stop - warm)
+    slope = float(np.polyfit(gaps, c, 1)[0]) if np.ptp(gaps) > 0 else math.nan
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice(gaps, int(windows))
+    span = stop - warm - lengths.max()
+    if span <= 0:
+        return nan
+    t0 = warm + rng.random(int(windows)) * span
+    arrivals = np.searchsorted(ends, t0 + lengths) - np.searchsorted(ends, t0)
+    var_c, var_r = float(np.var(c)), float(np.var(arrivals))
+    return dict(slope_ratio=slope / rate if rate > 0 else math.nan, var_cycles=var_c, var_random=var_r,
+                variance_ratio=var_c / var_r if var_r > 0 else math.nan)
 
 
 def _gamma(rng: np.random.Generator, mean: float, cv: float, size: int, shift: float = 0.0) -> np.ndarray:
