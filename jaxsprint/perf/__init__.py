@@ -11,6 +11,7 @@ Modules:
   times: layer, device-step, learner (T_c) and updater (T_u) times.
   sprint: epoch time, exact means, mini-batch and staleness distributions; launcher-side checks.
   renewal: gamma laws, stationary renewal counts, mixing cells and lattices (sprint's blocks).
+  pmf: lattice pmfs on a fixed support and as (value, probability) items (re-exported by sprint).
   simulate: discrete-event simulator of the same protocol (numpy), the judge of the model.
   space: configuration spaces, targets and their exact evaluation.
   search: gradient-based and grid search over a space.
@@ -25,8 +26,8 @@ Example::
                        nodes=16, gpus_per_node=8, sub_batch=32)
     d = sprint.distributions(128, p.t_compute_s, p.t_update_s, cv=0.05)
 """
-from jaxsprint.perf import (calibrate, collectives, machines, networks, presets, renewal, search, sensitivity,
-                            simulate, space, sprint, times, zoo)
+from jaxsprint.perf import (calibrate, collectives, machines, networks, pmf, presets, renewal, search,
+                            sensitivity, simulate, space, sprint, times, zoo)
 
-__all__ = ["calibrate", "collectives", "machines", "networks", "presets", "renewal", "search", "sensitivity",
+__all__ = ["calibrate", "collectives", "machines", "networks", "pmf", "presets", "renewal", "search", "sensitivity",
            "simulate", "space", "sprint", "times", "zoo"]
