@@ -121,16 +121,42 @@ class RuntimeFit:
                     update=calib.error_stats(self.update_errors), stages=self.stages)
 
 
-def predict_runs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
-                 co_located: bool = True) -> times.RuntimeTimes:
-    """The model's :class:`~jaxsprint.perf.times.RuntimeTimes` of every run, stacked (one vmapped call)."""
-    cols = np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
+def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
+    return np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
 
+
+def _predict_columns(machine: Machine, network: NetworkCost, cols: jax.Array, co_located: bool
+                     ) -> times.RuntimeTimes:
     def one(row):
         return times.runtime_times(network, machine, learners_per_host=row[0], hosts=row[1], sub_batch=row[2],
                                    network_time_s=row[3], co_located=co_located)
 
-    return jax.vmap(one)(jnp.asarray(cols))
+    return jax.vmap(one)(cols)
+
+
+_predict_columns_jit = jax.jit(_predict_columns, static_argnums=(3,))
+
+
+def predict_runs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                 co_located: bool = True) -> times.RuntimeTimes:
+    """The model's :class:`~jaxsprint.perf.times.RuntimeTimes` of every run, stacked (one vmapped call)."""
+    return _predict_columns_jit(machine, network, jnp.asarray(_columns(runs)), bool(co_located))
+
+
+def _log_residuals(u, lo, hi, machine, network, cols, meas_c, meas_u, fields, co_located):
+    """Log errors of the cycle means at the fit's unconstrained parameters ``u`` (bounded by a sigmoid).
+
+    Everything that changes between fits is an argument, so every fit over as many runs (each
+    leave-one-out fold of :func:`cross_validate`) reuses one compilation of this and of its Jacobian.
+    """
+    log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
+    m = machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
+    t = _predict_columns(m, network, cols, co_located)
+    return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
+
+
+_residuals = jax.jit(_log_residuals, static_argnums=(8, 9))
+_jacobian = jax.jit(jax.jacfwd(_log_residuals), static_argnums=(8, 9))
 
 
 def _check_runs(runs: Sequence[RuntimeRun]) -> None:
@@ -180,17 +206,19 @@ def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRu
     hi = np.log([bounds[f][1] for f in fields])
     meas_c = np.log([r.t_compute_s for r in runs])
     meas_u = np.log([r.t_update_s for r in runs])
+    args = (jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32), machine, network,
+            jnp.asarray(_columns(runs)), jnp.asarray(meas_c, jnp.float32), jnp.asarray(meas_u, jnp.float32),
+            tuple(fields), bool(co_located))
 
     def machine_of(u):
         log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
         return machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
 
-    @jax.jit
     def residuals(u):
-        t = predict_runs(machine_of(u), network, runs, co_located=co_located)
-        return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
+        return _residuals(jnp.asarray(u, jnp.float32), *args)
 
-    jac = jax.jit(jax.jacfwd(residuals))
+    def jac(u):
+        return _jacobian(jnp.asarray(u, jnp.float32), *args)
     x0 = np.asarray([math.log(min(max(float(getattr(machine, f)), bounds[f][0]), bounds[f][1]))
                      for f in fields])
     frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
