@@ -77,3 +77,23 @@ def test_bad_study_block_exits_2_and_writes_nothing(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: invalid config.study.learners" in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "study.json")
+
+
+def test_tiny_study_trains_every_configuration_at_one_constant_rate():
+    """The staleness-8 study (emulator_study_tiny.py): no linear scaling, so the runtime and the emulator of
+    every configuration share one constant rate, and each configuration's own sub-batch reaches both."""
+    from experiments import study_emulator
+    from experiments.configs import emulator_study_tiny
+    from jaxsprint import async_emulation
+
+    base = emulator_study_tiny.get_config()
+    assert base.model == "tiny_nobn" and base.lr.scaling == "none"
+    stats = {"staleness_pmf": {"7": 0.5, "9": 0.5}, "count_pmf": {"1": 0.8, "2": 0.2}}
+    for i in range(len(base.study.names)):
+        rt = study_emulator.runtime_config(base, i, 1)
+        em = study_emulator.emulator_config(base, i, 1, stats, 900)
+        assert rt.sprint.sub_batch == base.study.sub_batches[i] and em.bn.group_size == base.study.sub_batches[i]
+        assert em.lr.base == base.lr.base == 0.1 and em.optimizer.momentum == rt.optimizer.momentum == 0.5
+        assert em.model == rt.model == "tiny_nobn" and em.batch_size == 2 * base.study.sub_batches[i]
+        async_emulation.validate_config(em)
+    study_emulator.validate_study(base, 8)
