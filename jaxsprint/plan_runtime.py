@@ -60,6 +60,10 @@ def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: 
     c = copy.deepcopy(base)
     with c.unlocked():
         c.model, c.image_size, c.dataset = "tiny_nobn", 8, "digits"
+        # The emulator trains the proxy on the un-augmented images (convergence.load_proxy_data): so must the
+        # runtime, or the comparison measures the augmentation (the SPRINT config's random-resized crops made
+        # the runtime need about 1.8x the emulator's updates at every staleness).
+        c.augment.kind = "none"
         c.lr.scaling, c.lr.schedule, c.lr.base, c.lr.warmup_epochs = "none", "constant", float(learning_rate), 0.0
         s = c.sprint
         s.learners_per_host, s.sub_batch, s.network_time_s = int(learners), int(sub_batch), float(network_time_s)

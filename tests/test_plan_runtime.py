@@ -18,6 +18,19 @@ def test_parse_configs():
             plan_runtime.parse_configs(bad)
 
 
+def test_runtime_config_trains_what_the_emulator_trains():
+    from experiments.configs import sprint as sprint_config
+
+    c = plan_runtime.runtime_config(sprint_config.get_config(), learners=4, sub_batch=16, network_time_s=0.002,
+                                    num_updates=300, eval_every_updates=10, learning_rate=0.1)
+    # The emulator's proxy: tiny_nobn on the un-augmented 8x8 digits at one constant rate.
+    assert (c.model, c.image_size, c.dataset, c.augment.kind) == ("tiny_nobn", 8, "digits", "none")
+    assert (c.lr.scaling, c.lr.schedule, c.lr.base) == ("none", "constant", 0.1)
+    s = c.sprint
+    assert (s.learners_per_host, s.sub_batch, s.network_time_s, s.num_updates) == (4, 16, 0.002, 300)
+    assert s.warmup_s == 0.0 and s.duration_s == 0.0
+
+
 def test_updates_from_history():
     hist = [(10, {"accuracy": 0.5}), (20, {"accuracy": 0.9})]
     assert plan_runtime.updates_from_history(hist, 0.7) == pytest.approx(15.0)
