@@ -80,6 +80,8 @@ flags.DEFINE_list("runtime_configs", None, "Instead of a plan: learners:sub_batc
                   "prediction from emulated runs under each configuration's measured pmfs.")
 flags.DEFINE_integer("runtime_updates", 600, "With --runtime_configs: updates per runtime run.")
 flags.DEFINE_string("runtime_workdir", None, "With --runtime_configs: where the runtime writes its runs.")
+flags.DEFINE_bool("runtime_reuse", False, "With --runtime_configs: read a finished run of the same config from "
+                  "--runtime_workdir instead of running it again (to judge one set of runs at another target).")
 flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
 flags.DEFINE_string("plot", None, "Write a PNG: epoch time against predicted time to accuracy.")
 
@@ -247,7 +249,8 @@ def validate_runtime() -> dict[str, Any]:
         cfg = plan_runtime.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
                                           num_updates=FLAGS.runtime_updates, eval_every_updates=FLAGS.eval_every,
                                           learning_rate=FLAGS.base_lr)
-        m = plan_runtime.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target)
+        m = plan_runtime.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target,
+                                 reuse=FLAGS.runtime_reuse)
         spec = plan_runtime.emulated_spec(m, FLAGS.base_lr)
         em.min_bucket = max(em.min_bucket, spec.max_minibatch)
         measured.append(m)

@@ -22,7 +22,9 @@ runtime is :mod:`jaxsprint.runtime.compare`.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -90,15 +92,47 @@ def _pmf_array(pmf: Mapping[Any, float], size: int | None = None) -> np.ndarray:
     return out / out.sum()
 
 
-def measure(config: Any, workdir: str, target_accuracy: float) -> dict[str, Any]:
-    """Runs the runtime on ``config``; its measured statistics and time to accuracy (module docstring)."""
+RUN_RECORD = "plan_runtime_config.json"  # the config a finished run of the workdir was made with
+
+
+def _saved_run(config: Any, workdir: str) -> tuple[dict[str, np.ndarray], list, dict] | None:
+    """The finished run in ``workdir`` (events, evaluation history, final evaluation) if it was made with
+    exactly ``config`` (its JSON equals :data:`RUN_RECORD`'s), else None."""
+    from jaxsprint.runtime import events
+
+    paths = [os.path.join(workdir, f) for f in (RUN_RECORD, "events.npz", "summary.json")]
+    if not all(os.path.isfile(p) for p in paths):
+        return None
+    with open(paths[0]) as fh:
+        if fh.read() != config.to_json(sort_keys=True):
+            return None
+    with open(paths[2]) as fh:
+        summary = json.load(fh)
+    history = [(int(h["version"]), {k: v for k, v in h.items() if k != "version"}) for h in summary["eval_history"]]
+    return events.load(paths[1]), history, dict(summary.get("eval", {}))
+
+
+def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = False) -> dict[str, Any]:
+    """Runs the runtime on ``config``; its measured statistics and time to accuracy (module docstring).
+
+    With ``reuse``, a finished run in ``workdir`` made with the same config (:data:`RUN_RECORD`) is read
+    instead of run again, so that one set of runs can be judged at several targets; any difference in the
+    config runs it again.
+    """
     from jaxsprint import runtime
     from jaxsprint.runtime import events
 
-    res = runtime.run(config, workdir)
-    st = events.statistics(res.events)
-    u = updates_from_history(res.eval_history, target_accuracy)
-    t_end = np.asarray(res.events["update_t_end"], np.float64)
+    saved = _saved_run(config, workdir) if reuse else None
+    if saved is None:
+        res = runtime.run(config, workdir)
+        log, history, final = res.events, res.eval_history, res.eval
+        with open(os.path.join(workdir, RUN_RECORD), "w") as fh:
+            fh.write(config.to_json(sort_keys=True))
+    else:
+        log, history, final = saved
+    st = events.statistics(log)
+    u = updates_from_history(history, target_accuracy)
+    t_end = np.asarray(log["update_t_end"], np.float64)
     wall = None
     if u is not None and t_end.size:
         i = min(int(math.ceil(u)), t_end.size) - 1
@@ -107,7 +141,7 @@ def measure(config: Any, workdir: str, target_accuracy: float) -> dict[str, Any]
             "learners", "sub_batch", "network_time_s", "updates")
     return {**{k: st[k] for k in keep}, "updates_to_target": u,
             "time_to_accuracy_s": wall, "time_to_accuracy_from_updates_s": None if u is None else u * st["t_update_s"],
-            "final_accuracy": float(res.eval.get("accuracy", math.nan))}
+            "final_accuracy": float(final.get("accuracy", math.nan)), "reused": saved is not None}
 
 
 def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> convergence.RunSpec:

@@ -31,6 +31,42 @@ def test_runtime_config_trains_what_the_emulator_trains():
     assert s.warmup_s == 0.0 and s.duration_s == 0.0
 
 
+def test_measure_reuses_a_finished_run_of_the_same_config_only(tmp_path, monkeypatch):
+    import json
+
+    from experiments.configs import sprint as sprint_config
+    from jaxsprint import runtime
+    from jaxsprint.runtime import events
+
+    def cfg(lr):
+        return plan_runtime.runtime_config(sprint_config.get_config(), learners=2, sub_batch=8, network_time_s=0.0,
+                                           num_updates=100, eval_every_updates=10, learning_rate=lr)
+
+    wd = tmp_path / "run"
+    wd.mkdir()
+    ev = events.simulate_log(2, 0.02, 0.01, 0.2, duration_s=2.0, sub_batch=8, seed=0)
+    np.savez(wd / "events.npz", **ev)
+    (wd / "summary.json").write_text(json.dumps({"eval": {"accuracy": 0.9}, "eval_history": [
+        {"version": 10, "accuracy": 0.5}, {"version": 30, "accuracy": 0.9}]}))
+    (wd / plan_runtime.RUN_RECORD).write_text(cfg(0.1).to_json(sort_keys=True))
+
+    class Ran(Exception):
+        pass
+
+    def fake_run(config, workdir):
+        raise Ran(config.lr.base)
+
+    monkeypatch.setattr(runtime, "run", fake_run)
+    m = plan_runtime.measure(cfg(0.1), str(wd), 0.7, reuse=True)
+    assert m["reused"] and m["updates_to_target"] == pytest.approx(20.0) and m["final_accuracy"] == 0.9
+    assert m["time_to_accuracy_s"] == pytest.approx(float(ev["update_t_end"][19]))
+    assert m["mean_staleness"] == pytest.approx(events.statistics(ev)["mean_staleness"])
+    with pytest.raises(Ran):  # another learning rate: run again
+        plan_runtime.measure(cfg(0.2), str(wd), 0.7, reuse=True)
+    with pytest.raises(Ran):  # without reuse: always run
+        plan_runtime.measure(cfg(0.1), str(wd), 0.7)
+
+
 def test_updates_from_history():
     hist = [(10, {"accuracy": 0.5}), (20, {"accuracy": 0.9})]
     assert plan_runtime.updates_from_history(hist, 0.7) == pytest.approx(15.0)
