@@ -82,7 +82,8 @@ QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
 _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
-            ("TV staleness", "staleness_tv"))
+            ("TV staleness", "staleness_tv"), ("TV mini-batch floor", "minibatch_tv_floor"),
+            ("TV staleness floor", "staleness_tv_floor"))
 
 
 def _config_overrides() -> list[str]:
@@ -211,7 +212,7 @@ def _tv(v) -> str:
 def markdown(rows: list[dict], summary: dict) -> str:
     """The per-configuration table and the summary (medians, 90th percentiles) in markdown."""
     head = ("| config | T_c ms (cv) | T_u ms (cv) | T_u/T_c | grads | updates | source | epoch | mini-batch | "
-            "staleness | TV mini-batch | TV staleness |")
+            "staleness | TV mini-batch (floor) | TV staleness (floor) |")
     lines = [head, "|" + "---|" * 12]
     for r, c in zip(rows, _csv_rows(rows)):
         for source in ("timings", "specs"):
@@ -220,8 +221,9 @@ def markdown(rows: list[dict], summary: dict) -> str:
                 f"| {r['name']} | {c['t_compute_ms']:.2f} ({c['t_compute_cv']:.2f}) | {c['t_update_ms']:.2f} "
                 f"({c['t_update_cv']:.2f}) | {c['ratio_tu_tc']:.3g} | {c['gradients']} | {c['updates']} | {source} | "
                 f"{_pct(e.get('epoch_time_rel_error'))} | {_pct(e.get('mean_minibatch_rel_error'))} | "
-                f"{_pct(e.get('mean_staleness_rel_error'))} | {_tv(e.get('minibatch_tv'))} | "
-                f"{_tv(e.get('staleness_tv'))} |")
+                f"{_pct(e.get('mean_staleness_rel_error'))} | {_tv(e.get('minibatch_tv'))} "
+                f"({_tv(e.get('minibatch_tv_floor'))}) | {_tv(e.get('staleness_tv'))} "
+                f"({_tv(e.get('staleness_tv_floor'))}) |")
     lines += ["", "| source | statistic | " + " | ".join(label for label, _ in _METRICS) + " |", "|---|---|"
               + "---|" * len(_METRICS)]
     for source in ("timings", "specs"):
@@ -229,8 +231,16 @@ def markdown(rows: list[dict], summary: dict) -> str:
             cells = []
             for _, key in _METRICS:
                 v = summary[f"{source}.{key}"][stat]
-                cells.append(_tv(v) if key.endswith("_tv") else ("-" if not math.isfinite(v) else f"{100 * v:.1f}%"))
+                cells.append(_tv(v) if "_tv" in key else ("-" if not math.isfinite(v) else f"{100 * v:.1f}%"))
             lines.append(f"| {source} | {stat} of the absolute values | " + " | ".join(cells) + " |")
+    coupled = [r for r in rows if r.get("count_coupling")]
+    if coupled:  # events.count_coupling: what the model's independent learners would give as 1 and 1
+        lines += ["", "| config | count slope / arrival rate | count variance: updater cycles | random windows | "
+                      "ratio |", "|---|---|---|---|---|"]
+        for r in coupled:
+            c = r["count_coupling"]
+            lines.append(f"| {r['name']} | {c['slope_ratio']:.2f} | {c['var_cycles']:.2f} | {c['var_random']:.2f} | "
+                         f"{c['variance_ratio']:.2f} |")
     return "\n".join(lines)
 
 
@@ -241,9 +251,15 @@ def plot(path: str, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(_METRICS), figsize=(4 * len(_METRICS), 3.6))
+    metrics = [m for m in _METRICS if not m[1].endswith("_floor")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
     ratio = [r["measured"]["t_update_s"] / r["measured"]["t_compute_s"] for r in rows]
-    for ax, (label, key) in zip(axes, _METRICS):
+    for ax, (label, key) in zip(axes, metrics):
+        floor = [(x, r["errors_from_timings"].get(key + "_floor")) for x, r in zip(ratio, rows)
+                 if r.get("errors_from_timings")]
+        floor = [(x, v) for x, v in floor if v is not None and math.isfinite(v)]
+        if floor:  # what an exact model would score over the run's updates (gradients)
+            ax.scatter(*zip(*floor), label="sampling floor", s=22, marker="_", color="0.4")
         for source, style in (("timings", dict(color="C1", marker="o")), ("specs", dict(color="C2", marker="s"))):
             pts = [(x, abs(r[f"errors_from_{source}"][key])) for x, r in zip(ratio, rows)
                    if r.get(f"errors_from_{source}") and r[f"errors_from_{source}"][key] is not None]
@@ -306,10 +322,11 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     base = _override(config, overrides)
     network = compare.network_cost(base)
     rows, failures = [], []
-    stats = {}
+    stats, coupling = {}, {}
     for name in names:
         try:
-            stats[name] = events.statistics(events.load(os.path.join(runs_dir, name, "events.npz")))
+            ev = events.load(os.path.join(runs_dir, name, "events.npz"))
+            stats[name], coupling[name] = events.statistics(ev), events.count_coupling(ev)
         except Exception as e:  # noqa: BLE001 -- one broken log does not end the re-analysis; it is reported
             print(f"{name}: FAILED: {e}", flush=True)
             failures.append({"name": name, "error": str(e)})
@@ -336,6 +353,7 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
         res = compare.report(m, preds)
         prev = before.get(name, {})
         res["eval_accuracy"] = prev.get("eval_accuracy")
+        res["count_coupling"] = coupling[name]
         rows.append(dict(name=name, hosts=m["num_hosts"], learners_per_host=m["learners_per_host"],
                          sub_batch=m["sub_batch"], network_ms=1e3 * m["network_time_s"],
                          duration_s=prev.get("duration_s", m["t_stop_s"]), **res))
