@@ -99,15 +99,16 @@ def test_lockstep_equals_the_synchronous_step(tmp_path, learners):
 
 
 def test_scripted_learner_times_give_the_protocols_sequences(tmp_path):
-    # Updater cycle T_u = 0.3 s (emulated network; the tiny update costs milliseconds), learners with cycles
+    # Updater cycle T_u = 0.5 s (emulated network; the tiny update costs milliseconds), learners with cycles
     # 1.25 T_u and 1.75 T_u. With cycle k on [k T_u, (k+1) T_u) publishing version k + 1, a gradient read at
     # s and ended at e has read version floor(s / T_u) and is applied in version floor(e / T_u) + 2:
     #   learner 0: starts 0, 1.25, 2.5; ends 1.25, 2.5, 3.75 (in T_u): read 0, 1, 2; applied 3, 4, 5;
     #   learner 1: starts 0, 1.75, 3.5; ends 1.75, 3.5, 5.25:            read 0, 1, 3; applied 3, 5, 7.
     # Staleness (applied - 1 - read): learner 0: 2, 2, 2; learner 1: 2, 3, 3. Counts of versions 1..5:
     # 0, 0, 2, 1, 2 (learner 0's 4th gradient ends at 5 T_u, on a boundary: not checked). Every event is
-    # at least 0.25 T_u = 75 ms away from an updater boundary, far above the scheduling noise.
-    t_u, times = 0.3, (1.25 * 0.3, 1.75 * 0.3)
+    # at least 0.25 T_u = 125 ms away from an updater boundary, far above the scheduling noise (at T_u = 0.3 s,
+    # 75 ms, one of the updater's cycles on a machine loaded far beyond its cores drifted past a boundary).
+    t_u, times = 0.5, (1.25 * 0.5, 1.75 * 0.5)
     c = tiny_config(num_updates=8, network_time_s=t_u)
     r = runtime.run(c, str(tmp_path), learner_time_fn=lambda i, j: times[i])
     check_accounting(r)
