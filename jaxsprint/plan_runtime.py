@@ -126,9 +126,12 @@ def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = 
 
     saved = _saved_run(config, workdir) if reuse else None
     if saved is None:
+        record = os.path.join(workdir, RUN_RECORD)
+        if os.path.exists(record):  # the old run's record must not vouch for the new run's files
+            os.remove(record)
         res = runtime.run(config, workdir)
         log, history, final = res.events, res.eval_history, res.eval
-        with open(os.path.join(workdir, RUN_RECORD), "w") as fh:
+        with open(record, "w") as fh:
             fh.write(config.to_json(sort_keys=True))
     else:
         log, history, final = saved
