@@ -29,6 +29,7 @@ def test_runtime_config_trains_what_the_emulator_trains():
     s = c.sprint
     assert (s.learners_per_host, s.sub_batch, s.network_time_s, s.num_updates) == (4, 16, 0.002, 300)
     assert s.warmup_s == 0.0 and s.duration_s == 0.0
+    assert s.eval_every_updates == 10 and s.eval_deferred  # evaluated after the run, not beside it
 
 
 def test_measure_reuses_a_finished_run_of_the_same_config_only(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -137,6 +138,33 @@ def test_stops_by_epochs_and_writes_its_outputs(tmp_path):
     assert 0.0 <= r.eval["accuracy"] <= 1.0 and np.isfinite(r.eval["loss"])
     assert r.eval_history[-1] == (r.updates, r.eval)
     assert (tmp_path / "checkpoints" / str(r.updates)).is_dir()
+
+
+def test_deferred_evaluation_sees_exactly_the_weights_of_its_versions(tmp_path):
+    # Lockstep with 2 learners is deterministic (a + b == b + a in the buffer), so the weights a deferred
+    # evaluation kept at version 4 are those a 4-update run ends with, and the constant schedule is the same.
+    c = tiny_config(lockstep=True, num_updates=8, eval_every_updates=4, eval_deferred=True)
+    r = runtime.run(c, str(tmp_path / "long"))
+    check_accounting(r)
+    assert [v for v, _ in r.eval_history] == [4, 8]
+    assert r.eval_history[-1] == (8, r.eval)
+    short = runtime.run(tiny_config(lockstep=True, num_updates=4), str(tmp_path / "short"))
+    assert r.eval_history[0][1] == short.eval
+    assert json.loads((tmp_path / "long" / "summary.json").read_text())["eval_history"][0]["version"] == 4
+
+
+def test_deferred_evaluation_is_refused_when_unbounded_or_too_large(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="config.sprint.eval_deferred"):
+        c = tiny_config(duration_s=1.0)
+        c.sprint = ml_collections.ConfigDict({**c.sprint.to_dict(), "eval_deferred": "yes"})
+        runtime.validate_config(c, 8)
+    with pytest.raises(ConfigError, match="config.sprint.num_updates.*eval_deferred"):
+        runtime.validate_config(tiny_config(duration_s=1.0, eval_deferred=True, eval_every_updates=2), 8)
+    monkeypatch.setattr(sys.modules["jaxsprint.runtime.run"], "DEFERRED_EVAL_MAX_BYTES", 1000)
+    workdir = tmp_path / "w"
+    with pytest.raises(ConfigError, match="config.sprint.eval_every_updates=2.*must fit"):
+        runtime.run(tiny_config(num_updates=20, eval_every_updates=2, eval_deferred=True), str(workdir))
+    assert not workdir.exists()
 
 
 @pytest.mark.parametrize("field, value", [

@@ -45,6 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.sprint.num_epochs = 0.0        # applied examples / training-set size
     c.sprint.warmup_s = 1.0          # events that start before this are the start-up transient
     c.sprint.eval_every_updates = 0  # evaluate the published weights every N updates (0: only at the end)
+    # True: keep those weights and evaluate them after the run (needs num_updates), so that evaluation takes
+    # no core from the run it measures; False: evaluate while the learners go on.
+    c.sprint.eval_deferred = False
     c.sprint.schedule_updates = 1000  # lr schedule horizon when neither num_updates nor num_epochs is set
     c.sprint.seed = 0                # model init, data order and augmentation
     c.sprint.checkpoint = True       # save the last weights with orbax (process 0)

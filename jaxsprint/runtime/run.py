@@ -8,7 +8,11 @@ What a run does, in order:
      program on every learner device and the update program, before the clock starts;
   3. with several processes, a barrier; then every host's clock starts (t = 0);
   4. starts the learner threads and the updater thread; the calling thread evaluates the published weights
-     every ``eval_every_updates`` updates (a snapshot, while the learners go on) and watches for errors;
+     every ``eval_every_updates`` updates (a snapshot, while the learners go on) and watches for errors.
+     With ``sprint.eval_deferred`` the updater only keeps the weights of every version that is a multiple
+     of ``eval_every_updates`` and they are evaluated after the run: the evaluation then takes no core from
+     the learners and the updater (on a small host it otherwise lengthens the updater's cycle several
+     times over, and with it changes the staleness being measured), and each is at exactly that version;
   5. after the updater's last cycle: stops and joins the learners (each finishes the gradient it is
      computing and adds it), then swaps the buffer a last time: those gradients are IN FLIGHT (applied
      version -1), so gradients computed = applied + in flight, exactly;
@@ -44,6 +48,8 @@ from jaxsprint.runtime.learner import POLL_S, Learner, SubBatches, make_gradient
 from jaxsprint.runtime.updater import StopRule, Updater, make_apply_fn, nominal_hparams
 
 POLISH_MODES = ("none", "recompute")
+# The most the weights kept for deferred evaluation (``sprint.eval_deferred``) may take in host memory.
+DEFERRED_EVAL_MAX_BYTES = 4 * 2**30
 
 
 @dataclasses.dataclass
@@ -80,6 +86,7 @@ def validate_config(config, num_local_devices: int) -> None:
     (an integer >= 1, at most the training-set share of a host for the built-in datasets), ``network_time_s``
     and ``warmup_s`` (finite, >= 0), ``lockstep`` (bool), ``duration_s`` / ``num_updates`` / ``num_epochs``
     (each >= 0, at least one > 0), ``eval_every_updates`` and ``schedule_updates`` (integers >= 0 / >= 1),
+    ``eval_deferred`` (bool; True needs ``num_updates`` > 0, so that the kept weights are bounded),
     ``seed`` (an integer in [0, 2^31)), ``join_timeout_s`` (> 0), ``init_timeout_s`` (an integer >= 1).
 
     Raises:
@@ -118,6 +125,11 @@ def validate_config(config, num_local_devices: int) -> None:
               "a number of seconds > 0 (it is the only stop: num_updates and num_epochs are 0)")
     check(_is_int(s.eval_every_updates) and s.eval_every_updates >= 0, "config.sprint.eval_every_updates",
           s.eval_every_updates, "an integer >= 0 (0: only at the end)")
+    deferred = s.get("eval_deferred", False)
+    check(isinstance(deferred, bool), "config.sprint.eval_deferred", deferred, "True or False")
+    if deferred:
+        check(s.num_updates > 0, "config.sprint.num_updates", s.num_updates,
+              "an integer >= 1 with eval_deferred=True (the weights kept for evaluation must be bounded)")
     check(_is_int(s.schedule_updates) and s.schedule_updates >= 1, "config.sprint.schedule_updates",
           s.schedule_updates, "an integer >= 1")
     check(_is_int(s.seed) and 0 <= s.seed < 2**31, "config.sprint.seed", s.seed, "an integer in [0, 2^31)")
@@ -284,6 +296,14 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     b = _build(config, device)
     control, published = Control(), Published(b.params, np.asarray(b.stats))
     width = b.params.size + b.stats.size + 2
+    every = int(s.eval_every_updates)
+    snapshot_every = every if s.get("eval_deferred", False) else 0
+    if snapshot_every:
+        kept = (int(s.num_updates) // every) * (b.params.size + b.stats.size) * 4
+        check(kept <= DEFERRED_EVAL_MAX_BYTES, "config.sprint.eval_every_updates", every,
+              f"with eval_deferred=True the kept weights, {kept / 2**30:.2f} GiB for num_updates="
+              f"{s.num_updates}, must fit in {DEFERRED_EVAL_MAX_BYTES / 2**30:.0f} GiB: a larger interval, "
+              "fewer updates or eval_deferred=False")
     buffer = NodeBuffer(width)
     data = SubBatches(b.dataset.train, seed=s.seed, sub_batch=s.sub_batch, host=host, num_hosts=num_hosts)
     t0 = [0.0]
@@ -302,7 +322,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     updater = Updater(apply_fn=b.apply_fn, params=b.params, opt_state=b.opt_state, stats=b.stats, buffer=buffer,
                       published=published, control=control, collective=col, clock=clock, stop_rule=stop_rule,
                       sub_batch=s.sub_batch, network_time_s=float(s.network_time_s), lockstep=s.lockstep,
-                      local_learners=lph)
+                      local_learners=lph, snapshot_every=snapshot_every)
     if col is not None:
         col.allreduce(np.zeros(width + 3, np.float32))  # compiles the cycle's all-reduce
         col.barrier()
@@ -314,12 +334,11 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     upd_thread.start()
 
     history: list[tuple[int, dict[str, float]]] = []
-    every = int(s.eval_every_updates)
     next_eval = every
     while upd_thread.is_alive():
         upd_thread.join(POLL_S)
         version, params, stats = published.current
-        if every and version >= next_eval and control.error is None and upd_thread.is_alive():
+        if every and not snapshot_every and version >= next_eval and control.error is None and upd_thread.is_alive():
             history.append((version, _evaluate(config, b, _variables(b, params, stats), device)))
             next_eval = (version // every + 1) * every
     control.stop.set()
@@ -341,6 +360,10 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     params_flat = np.asarray(updater.params)
     stats_flat = np.asarray(updater.stats)
     variables = _variables(b, params_flat, stats_flat)
+    for version, params, stats in updater.snapshots:
+        if version < updater.version:  # the last version is the final evaluation's
+            history.append((version, _evaluate(config, b, _variables(b, params, stats), device)))
+    updater.snapshots.clear()
     final_eval = _evaluate(config, b, variables, device)
     history.append((updater.version, final_eval))
     polished = {}

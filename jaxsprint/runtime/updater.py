@@ -120,18 +120,23 @@ class Updater:
       network_time_s: emulated all-reduce time per cycle.
       lockstep: wait for one gradient from each of `local_learners` learners before each swap.
       local_learners: learners on this host.
+      snapshot_every: keep a reference to the published weights and statistics of every version that is a
+        multiple of it, in ``snapshots`` (0: none). Published arrays are never modified, so this copies
+        nothing; the run evaluates them after it ends (``config.sprint.eval_deferred``).
     """
 
     def __init__(self, *, apply_fn: Callable, params: Any, opt_state: Any, stats: Any, buffer: NodeBuffer,
                  published: Published, control: Control, collective, clock: Callable[[], float],
                  stop_rule: StopRule, sub_batch: int, network_time_s: float, lockstep: bool,
-                 local_learners: int):
+                 local_learners: int, snapshot_every: int = 0):
         self._apply = apply_fn
         self.params, self.opt_state, self.stats = params, opt_state, stats
         self._buffer, self._published, self._control = buffer, published, control
         self._collective, self._clock, self._stop = collective, clock, stop_rule
         self._sub_batch, self._network_time_s = sub_batch, network_time_s
         self._lockstep, self._local_learners = lockstep, local_learners
+        self._snapshot_every = int(snapshot_every)
+        self.snapshots: list[tuple[int, Any, np.ndarray]] = []          # (version, params, stats)
         self.version = 0
         self.examples = 0.0
         self.updates: list[tuple[int, int, float, float]] = []          # (version, count, t_swap, t_publish)
@@ -179,6 +184,8 @@ class Updater:
             self.version += 1
             self._published.publish(self.version, self.params, stats_host)
             t_publish = self._clock()
+            if self._snapshot_every and self.version % self._snapshot_every == 0:
+                self.snapshots.append((self.version, self.params, stats_host))
             self.updates.append((self.version, count, t_swap, t_publish))
             self.applied.append((self.version, gathered.records))
             self.examples += count * self._sub_batch
