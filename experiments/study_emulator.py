@@ -114,7 +114,8 @@ def emulator_config(base, i: int, seed: int, stats, applied_updates: int):
     import numpy as np
 
     b = sub_batch(base, i)
-    stale = {int(k): float(v) for k, v in stats["staleness_pmf"].items()}
+    # In non-empty updates: the emulator's ring stands still on an empty update (events.effective_staleness).
+    stale = {int(k): float(v) for k, v in (stats.get("effective_staleness_pmf") or stats["staleness_pmf"]).items()}
     count = {int(k): float(v) for k, v in stats["count_pmf"].items() if int(k) >= 1}
     if not stale:
         stale = {0: 1.0}
@@ -159,10 +160,11 @@ def run_runtime(config):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     st = events.statistics(r.events)
-    keep = ("mean_staleness", "std_staleness", "mean_count", "mean_minibatch", "t_compute_s", "t_update_s",
-            "t_update_cv", "t_compute_cv", "gradients", "updates", "in_flight")
+    keep = ("mean_staleness", "std_staleness", "mean_effective_staleness", "mean_count", "mean_minibatch",
+            "t_compute_s", "t_update_s", "t_update_cv", "t_compute_cv", "gradients", "updates", "in_flight")
     out = {k: st[k] for k in keep}
     out.update(staleness_pmf={str(k): v for k, v in st["staleness_pmf"].items()},
+               effective_staleness_pmf={str(k): v for k, v in st["effective_staleness_pmf"].items()},
                count_pmf={str(k): v for k, v in st["count_pmf"].items()},
                applied_updates=int(np.count_nonzero(np.asarray(r.events["update_count"]) > 0)),
                published_updates=int(r.updates), eval_accuracy=float(r.eval["accuracy"]),
@@ -213,7 +215,8 @@ def main(argv):
 
 
 def _vals(results, base, name, mode, field="eval_accuracy"):
-    return [results[k][field] for k in (f"{name}_s{s}_{mode}" for s in base.study.seeds) if k in results]
+    return [results[k].get(field, float("nan")) for k in (f"{name}_s{s}_{mode}" for s in base.study.seeds)
+            if k in results]
 
 
 def write_report(base, results):
@@ -224,21 +227,24 @@ def write_report(base, results):
     rows = []
     for i, name in enumerate(s.names):
         ms, _, _ = studies.mean_std(_vals(results, base, name, "runtime", "mean_staleness"))
+        me, _, _ = studies.mean_std(_vals(results, base, name, "runtime", "mean_effective_staleness"))
         mb, _, _ = studies.mean_std(_vals(results, base, name, "runtime", "mean_minibatch"))
         up, _, _ = studies.mean_std(_vals(results, base, name, "runtime", "applied_updates"))
         rt, em = _vals(results, base, name, "runtime"), _vals(results, base, name, "emulator")
         d, _, _ = studies.mean_std(em)
         r, _, _ = studies.mean_std(rt)
-        rows.append([name, s.learners[i], sub_batch(base, i), f"{1e3 * s.network_times[i]:g}", f"{ms:.2f}", f"{mb:.1f}", f"{up:.0f}",
-                     studies.fmt_cell(rt), studies.fmt_cell(em), f"{100 * (d - r):+.2f}"])
-    table = studies.markdown_table(["config", "learners", "sub-batch", "network ms", "mean staleness", "mean mini-batch",
+        rows.append([name, s.learners[i], sub_batch(base, i), f"{1e3 * s.network_times[i]:g}", f"{ms:.2f}",
+                     f"{me:.2f}", f"{mb:.1f}", f"{up:.0f}", studies.fmt_cell(rt), studies.fmt_cell(em), f"{100 * (d - r):+.2f}"])
+    table = studies.markdown_table(["config", "learners", "sub-batch", "network ms", "mean staleness",
+                                    "in non-empty updates", "mean mini-batch",
                                     "applied updates", "runtime top-1 %", "emulator top-1 %",
                                     "emulator - runtime"], rows)
     minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
     text = (f"Model {base.model} on {base.dataset} at {base.image_size}x{base.image_size}, "
             f"{s.num_updates} published versions per runtime run, "
             f"{base.optimizer.name} momentum {base.optimizer.momentum}, lr schedule {base.lr.schedule}, seeds "
-            f"{list(s.seeds)}. The emulator draws each update's delay and sub-batch count from the measured pmfs "
+            f"{list(s.seeds)}. The emulator draws each update's delay (in non-empty updates: its delay buffer "
+            f"stands still on an empty cycle) and sub-batch count from the measured pmfs "
             f"of the runtime run of the same seed and trains for its applied updates. Mean ± std over seeds. "
             f"Total run time {minutes:.0f} min.\n\n" + table + "\n")
     studies.write_markdown(_OUT.value + ".md", text)

@@ -10,7 +10,7 @@ For each configuration ``(learners, sub-batch, emulated network time)`` on this 
    version (the updater's clock), also reported as ``U_meas T_u``.
 2. **Emulate** (:func:`emulated_spec`): the same network in the emulator (:mod:`jaxsprint.convergence`,
    proxy ``tiny_nobn``), with delays and mini-batches drawn from the runtime's *measured* pmfs and the same
-   learning rate.
+   learning rate (the delays in non-empty updates, :func:`jaxsprint.runtime.events.effective_staleness`).
 3. **Predict** (:func:`compare`): the law (:func:`jaxsprint.perf.plan.fit_law`) fitted to the emulated cells,
    evaluated at this one's measured mean mini-batch and staleness, times its measured ``T_u``: fitted to every
    configuration's cell, as the planner fits the cells of its own candidates (no runtime accuracy enters a
@@ -147,7 +147,8 @@ def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = 
         i = min(int(math.ceil(u)), t_end.size) - 1
         wall = float(t_end[i])
     keep = ("t_compute_s", "t_update_s", "mean_minibatch", "mean_staleness", "staleness_pmf", "minibatch_pmf",
-            "learners", "sub_batch", "network_time_s", "updates")
+            "mean_effective_staleness", "effective_staleness_pmf", "learners", "sub_batch", "network_time_s",
+            "updates")
     return {**{k: st[k] for k in keep}, "updates_to_target": u,
             "time_to_accuracy_s": wall, "time_to_accuracy_from_updates_s": None if u is None else u * st["t_update_s"],
             "final_accuracy": float(final.get("accuracy", math.nan)), "reused": saved is not None}
@@ -157,7 +158,12 @@ def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> converge
     """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
     check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "--runtime_updates",
           measured.get("updates"), "enough updates for measured statistics (the run recorded none)")
-    stale = _pmf_array(measured["staleness_pmf"], convergence.MAX_STALENESS + 1)
+    # The emulator's ring stands still on an empty update, so its delay counts non-empty updates: it draws the
+    # run's staleness in those (events.effective_staleness), not in versions, or it trains a staler run than
+    # the one measured wherever empty cycles are common (the high-staleness configurations). The law keeps the
+    # version staleness as its coordinate, as the planner's candidates do.
+    stale = _pmf_array(measured.get("effective_staleness_pmf") or measured["staleness_pmf"],
+                       convergence.MAX_STALENESS + 1)
     mb = _pmf_array(measured["minibatch_pmf"])
     return convergence.RunSpec(stale, mb, float(learning_rate), "none", float(measured["mean_minibatch"]),
                                float(measured["mean_staleness"]))

@@ -48,6 +48,10 @@ def test_statistics_of_a_hand_made_log():
     assert s["t_compute_cv"] == pytest.approx(math.sqrt(1.06) / 2.2)
     assert s["mean_staleness"] == pytest.approx(2.0)
     assert s["staleness_pmf"] == pytest.approx({1: 0.25, 2: 0.5, 3: 0.25})
+    # In non-empty updates (v1 and v2 are empty): versions 2 / 2-3 / 3-4 / 2-4 lie between the reads and
+    # the applications of those four gradients, holding 0, 1, 2 and 2 non-empty updates.
+    assert s["effective_staleness_pmf"] == pytest.approx({0: 0.25, 1: 0.25, 2: 0.5})
+    assert s["mean_effective_staleness"] == pytest.approx(1.25)
     # Completions in [1, 10] s: every gradient but the one that ended at 0.8 s: 7 x 4 images in 9 s.
     assert s["images_per_s"] == pytest.approx(28 / 9)
     assert s["epoch_time_s"] == pytest.approx(100 * 9 / 28)

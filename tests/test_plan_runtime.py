@@ -81,6 +81,12 @@ def test_emulated_spec_reads_the_measured_pmfs():
     s = plan_runtime.emulated_spec(m, 0.1)
     assert s.staleness_pmf.size == convergence.MAX_STALENESS + 1 and s.staleness_pmf[2] == pytest.approx(0.75)
     assert s.max_minibatch == 32 and s.minibatch_pmf[16] == pytest.approx(0.5)
+    # With the staleness in non-empty updates measured, the emulator draws that (its ring counts those),
+    # while the spec keeps the version staleness as the law's coordinate.
+    m.update(effective_staleness_pmf={0: 0.5, 1: 0.5}, mean_effective_staleness=0.5)
+    s = plan_runtime.emulated_spec(m, 0.1)
+    assert s.staleness_pmf[0] == pytest.approx(0.5) and s.staleness_pmf[1] == pytest.approx(0.5)
+    assert s.staleness_pmf[2] == 0.0 and s.mean_staleness == 1.75
 
 
 def test_compare_leave_one_out_on_a_known_law():

@@ -83,6 +83,22 @@ def staleness(ev: dict[str, np.ndarray]) -> np.ndarray:
     return ev["grad_applied_version"] - 1 - ev["grad_read_version"]
 
 
+def effective_staleness(ev: dict[str, np.ndarray]) -> np.ndarray:
+    """Per gradient, the NON-EMPTY updates published between its read and its application.
+
+    An empty cycle publishes a version but leaves the weights as they were, so a gradient read at version
+    ``v`` and applied by version ``u`` was computed at weights ``u - 1 - v`` versions old but only this many
+    weight changes old. It is the delay the delayed-gradient emulator counts: its ring buffer stands still on
+    an empty update (``jaxsprint.convergence``, ``jaxsprint.async_emulation``), so it is what the emulator
+    must draw to stand in for the run. Meaningless for the in-flight rows.
+    """
+    nonempty = np.concatenate([[0], np.cumsum(np.asarray(ev["update_count"]) > 0)])  # [x]: in versions 1..x
+    last = nonempty.size - 1
+    applied = np.clip(np.asarray(ev["grad_applied_version"]) - 1, 0, last)
+    read = np.clip(np.asarray(ev["grad_read_version"]), 0, last)
+    return nonempty[applied] - nonempty[read]
+
+
 def check(ev: dict[str, Any]) -> dict[str, np.ndarray]:
     """Checks that a log is complete and consistent; returns it with the contract's dtypes.
 
@@ -218,6 +234,8 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     * ``mean_count``, ``std_count``, ``count_pmf`` (gradients per update) and ``mean_minibatch``,
       ``std_minibatch``, ``minibatch_pmf`` (images, ``sub_batch * count``), over the updates;
     * ``mean_staleness``, ``std_staleness``, ``staleness_pmf`` over the applied gradients;
+    * ``mean_effective_staleness``, ``effective_staleness_pmf``: the same of :func:`effective_staleness` (the
+      delay in non-empty updates, what the emulator draws);
     * ``gradients``, ``updates``: how many of each the statistics use; ``gradients_total``,
       ``updates_total``, ``in_flight`` (gradients never applied) over the whole run; and the
       configuration of the run (``learners``, ``learners_per_host``, ``num_hosts``, ``sub_batch``,
@@ -238,6 +256,7 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     grads = applied & (ev["grad_t_start"] >= warm)
     cycle = (ev["grad_t_end"] - ev["grad_t_start"])[grads]
     stale = staleness(ev)[grads]
+    eff = effective_staleness(ev)[grads]
     ups = ev["update_t_start"] >= warm
     counts = ev["update_count"][ups]
     tc, tc_cv = _mean_cv(cycle)
@@ -259,6 +278,8 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
         mean_staleness=float(np.mean(stale)) if stale.size else math.nan,
         std_staleness=float(np.std(stale)) if stale.size else math.nan,
         staleness_pmf=_pmf(stale),
+        mean_effective_staleness=float(np.mean(eff)) if eff.size else math.nan,
+        effective_staleness_pmf=_pmf(eff),
         gradients=int(np.count_nonzero(grads)), updates=int(np.count_nonzero(ups)),
         gradients_total=int(ev["grad_learner"].size), updates_total=int(ev["update_version"].size),
         in_flight=int(np.count_nonzero(~applied)),
