@@ -46,6 +46,24 @@ def test_minibatch_pmf_maps_counts_to_proxy_samples():
     assert p[0] == pytest.approx(0.1) and p[1] == pytest.approx(0.9)
 
 
+def test_delays_are_drawn_in_non_empty_updates():
+    """A staleness of s versions, each empty with probability q, is Binomial(s, 1 - q) weight changes: what
+    the emulator's ring (which stands still on an empty update) must draw."""
+    from scipy import stats
+
+    sp, q = np.array([0.1, 0.2, 0.3, 0.4]), 0.3
+    want = sum(sp[s] * np.pad(stats.binom.pmf(np.arange(s + 1), s, 1 - q), (0, 3 - s)) for s in range(4))
+    np.testing.assert_allclose(cv.nonempty_staleness_pmf(sp, q), want, rtol=1e-12)
+    np.testing.assert_array_equal(cv.nonempty_staleness_pmf(sp, 0.0), sp)
+    np.testing.assert_array_equal(cv.nonempty_staleness_pmf(sp, 1.0), [1, 0, 0, 0])
+    kw = dict(sub_batch=16, scale=1.0, lr_rule="none", base_lr=0.1, reference_batch=32.0, mean_minibatch=8.0,
+              mean_staleness=2.0, statistics={"learners": 4.0})
+    spec = cv.make_spec(sp, np.array([q, 1 - q]), **kw)
+    np.testing.assert_allclose(spec.staleness_pmf[:4], want, rtol=1e-12)
+    assert spec.mean_staleness == 2.0  # the law's coordinate stays the version staleness
+    assert dict(spec.statistics)["delay"] == 1.0  # cache entries of version-counted delays are not reused
+
+
 def test_make_spec_learning_rate_rules():
     stale, count = np.array([0.0, 0.5, 0.5]), np.array([0.0, 0.0, 1.0])
     kw = dict(sub_batch=16, scale=1.0, base_lr=0.1, reference_batch=32.0, mean_minibatch=32.0, mean_staleness=1.5)
