@@ -135,7 +135,9 @@ def sampler_from_config(config) -> samplers.PmfSampler:
 
     "constant" and "uniform" use ``staleness``, "geometric" ``mean_staleness`` truncated at ``max_staleness``,
     "pmf" the explicit ``pmf``, and "perf_model" the model's predicted pmf on ``0..max_staleness`` (mass above
-    it lumped into the last entry by the model, then renormalised).
+    it lumped into the last entry by the model, then renormalised), in non-empty updates: the model's staleness
+    counts versions, empty cycles included, while every emulated update applies a gradient, so the pmf is
+    thinned by the predicted chance of an empty cycle (:func:`jaxsprint.samplers.nonempty_staleness_pmf`).
 
     Raises:
       ConfigError: as :func:`validate_config`, or naming ``config.async_emulation`` when the model fails.
@@ -152,7 +154,9 @@ def sampler_from_config(config) -> samplers.PmfSampler:
             return samplers.geometric(float(a.mean_staleness), m)
         if a.sampler == "pmf":
             return samplers.from_pmf(np.asarray(a.pmf, np.float64))
-        pmf, _ = _perf_model_pmfs(a, m, 1)
+        pmf, count = _perf_model_pmfs(a, m, 1)
+        # The model counts versions, empty cycles included; the emulator's ring counts the updates it applies.
+        pmf = samplers.nonempty_staleness_pmf(pmf, count[0] / count.sum())
         return samplers.sampler_from_perf_model(pmf, max_staleness=m, tail="renormalize")
     except (ValueError, TypeError) as e:  # JaxsprintError is a ValueError
         raise _wrap(a, e) from None

@@ -55,6 +55,7 @@ import optax
 
 from jaxsprint import data as data_lib
 from jaxsprint import staleness
+from jaxsprint.samplers import nonempty_staleness_pmf
 from jaxsprint.errors import check
 
 __all__ = ["LR_RULES", "MAX_STALENESS", "PROXY_MODELS", "CACHE_VERSION", "Emulator", "ProxyData", "RunCache",
@@ -234,29 +235,6 @@ def minibatch_pmf_from_counts(count_pmf: np.ndarray, sub_batch: int, scale: floa
     out = np.zeros(int(m.max()) + 1)
     np.add.at(out, m, p)
     return out / out.sum()
-
-
-def nonempty_staleness_pmf(staleness_pmf: np.ndarray, p_empty: float) -> np.ndarray:
-    """The delay in NON-EMPTY updates of a gradient whose staleness in versions has ``staleness_pmf``.
-
-    The emulator's delay ring stands still on an empty update (it changes nothing), so it must draw the
-    delay in weight changes; a model pmf counts versions, empty cycles included. With each intervening
-    version empty with probability ``p_empty`` independently, a staleness of ``s`` versions is
-    ``Binomial(s, 1 - p_empty)`` non-empty updates. (On the runtime's measured logs the exact count,
-    :func:`jaxsprint.runtime.events.effective_staleness`, is 5-10% above this mean where half the cycles are
-    empty: emptiness is not independent. The runtime comparison uses the exact count.)
-    """
-    sp = np.asarray(staleness_pmf, np.float64)
-    q = float(np.clip(p_empty, 0.0, 1.0))
-    out = np.zeros(sp.size)
-    row = np.zeros(sp.size)
-    row[0] = 1.0  # Binomial(0, .): row[j] = P(j of s versions non-empty), built up one version at a time
-    for s_versions in range(sp.size):
-        if s_versions:
-            row[1:] = row[1:] * q + row[:-1] * (1.0 - q)
-            row[0] *= q
-        out += sp[s_versions] * row
-    return out
 
 
 def make_spec(staleness_pmf: np.ndarray, count_pmf: np.ndarray, *, sub_batch: int, scale: float,

@@ -124,13 +124,21 @@ def test_sampler_pmfs_equal_the_factories(kw, expected):
 def test_perf_model_sampler_is_the_models_pmf_on_the_buffer():
     c = _a(sampler="perf_model", max_staleness=6)
     a = c.async_emulation
-    stale, _ = sprint.delay_pmfs(a.workers, a.t_compute_s, a.t_update_s, a.t_compute_cv, max_staleness=6,
-                                 max_count=1)
-    want = st.sampler_from_perf_model(np.asarray(stale, np.float64), max_staleness=6, tail="renormalize")
+    stale, count = sprint.delay_pmfs(a.workers, a.t_compute_s, a.t_update_s, a.t_compute_cv, max_staleness=6,
+                                     max_count=1)
+    count = np.asarray(count, np.float64)
+    thinned = samplers.nonempty_staleness_pmf(np.asarray(stale, np.float64), count[0] / count.sum())
+    want = st.sampler_from_perf_model(thinned, max_staleness=6, tail="renormalize")
     got = async_emulation.sampler_from_config(c)
     np.testing.assert_array_equal(got.pmf, want.pmf)
     assert got.max_value <= 6 and got.pmf.sum() == pytest.approx(1.0)
-    assert 2.0 < got.mean < 4.0  # E[S] = T_c / T_u + 1 = 3 for 8 workers at 0.1 s / 0.05 s
+    assert 2.0 < got.mean < 4.0  # E[S] = T_c / T_u + 1 = 3 for 8 workers at 0.1 s / 0.05 s (K = 0 is rare)
+    # Where most cycles are empty (1 worker, T_c = 4 T_u) the delay in applied updates is far below 5 versions.
+    c2 = _a(sampler="perf_model", max_staleness=16)
+    c2.async_emulation.workers, c2.async_emulation.t_compute_s, c2.async_emulation.t_update_s = 1, 0.2, 0.05
+    stale2, _ = sprint.delay_pmfs(1, 0.2, 0.05, c2.async_emulation.t_compute_cv, max_staleness=16, max_count=1)
+    assert np.dot(np.arange(17), np.asarray(stale2)) > 4.5
+    assert async_emulation.sampler_from_config(c2).mean < 2.0
 
 
 def test_k_pmf_from_the_model_is_conditioned_on_k_at_least_one():
