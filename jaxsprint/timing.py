@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.perf.calibrate import AllreduceTiming
 
@@ -262,26 +263,21 @@ def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10,
     check(timeout_s > 0, "timeout_s", timeout_s, "a number > 0")
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    procs = []
-    try:
-        for rank in range(ranks):
-            args = dict(rank=rank, ranks=int(ranks), port=port, sizes=[int(s) for s in sizes_bytes],
-                        reps=int(reps), rounds=int(rounds), timeout_s=max(1, int(timeout_s)))
-            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(args)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    cmds = []
+    for rank in range(ranks):
+        args = dict(rank=rank, ranks=int(ranks), port=port, sizes=[int(s) for s in sizes_bytes],
+                    reps=int(reps), rounds=int(rounds), timeout_s=max(1, int(timeout_s)))
+        cmds.append([sys.executable, "-c", _WORKER, json.dumps(args)])
+    try:  # every process's output drained (subprocs): a full pipe would stall a rank inside the all-reduce
+        done = subprocs.run_together(cmds, env=env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         raise ConfigError("timeout_s", timeout_s, f"enough for the all-reduce over {ranks} processes "
                                                   "(it did not finish; the processes were stopped)") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (_, err) in zip(procs, outs):
-        if p.returncode != 0:
-            tail = err.strip().splitlines()[-1] if err.strip() else "no message"
-            raise RuntimeError(f"an all-reduce process over {ranks} ranks failed (exit {p.returncode}): {tail}")
+    for f in done:
+        if f.returncode != 0:
+            tail = f.stderr.strip().splitlines()[-1] if f.stderr.strip() else "no message"
+            raise RuntimeError(f"an all-reduce process over {ranks} ranks failed (exit {f.returncode}): {tail}")
+    outs = [(f.stdout, f.stderr) for f in done]
     line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"the all-reduce over {ranks} processes printed no result")

@@ -1,7 +1,7 @@
 """Multi-process training under jax.distributed on loopback equals the single-process run.
 
 Each case starts real processes (a small driver calling `train.train_and_evaluate`, gloo CPU collectives,
-a free 127.0.0.1 port), bounded by timeouts and killed in a ``finally``. Process 0 writes the final
+a free 127.0.0.1 port), bounded by timeouts and killed (`jaxsprint.subprocs`). Process 0 writes the final
 parameters, BN statistics and optimizer state to an .npz; they are compared with a one-process run on as
 many devices (same config and seed). Resuming the two-process run from a checkpoint written by both
 processes ends in the same state.
@@ -9,12 +9,13 @@ processes ends in the same state.
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+
+from jaxsprint import subprocs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,20 +108,14 @@ def _run(num_processes: int, devices_per_process: int, workdir, out=None, *, sto
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
     port = _free_port()
-    procs = []
-    try:
-        for pid in range(num_processes):
-            args = dict(process_id=pid, num_processes=num_processes, port=port, workdir=str(workdir),
-                        out=str(out) if out else None, stop_after_steps=stop_after_steps,
-                        overrides=dict(_OVERRIDES, **(overrides or {})))
-            procs.append(subprocess.Popen([sys.executable, "-c", driver, json.dumps(args)], cwd=ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        results = [(p.communicate(timeout=timeout), p.returncode) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    cmds = [[sys.executable, "-c", driver, json.dumps(dict(
+        process_id=pid, num_processes=num_processes, port=port, workdir=str(workdir),
+        out=str(out) if out else None, stop_after_steps=stop_after_steps,
+        overrides=dict(_OVERRIDES, **(overrides or {}))))] for pid in range(num_processes)]
+    # Every process's output drained to a file: with pipes read one after the other, a process that fills its
+    # pipe blocks in a write while the others wait for it in a collective (a hang seen only under load).
+    done = subprocs.run_together(cmds, env=env, cwd=ROOT, timeout_s=timeout)
+    results = [((f.stdout, f.stderr), f.returncode) for f in done]
     for (stdout, stderr), rc in results:
         assert rc == 0, stderr[-4000:]
         assert f"DONE {num_processes} {num_processes * devices_per_process}" in stdout

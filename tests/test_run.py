@@ -10,14 +10,12 @@ import textwrap
 import jax
 import ml_collections
 import numpy as np
-import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
 from experiments.configs import sprint as sprint_config
 from jaxsprint import data as data_lib
-from jaxsprint import models, optim, train
-from jaxsprint import runtime
+from jaxsprint import models, optim, runtime, subprocs, train
 from jaxsprint.errors import ConfigError
 from jaxsprint.runtime import learner as learner_lib
 from jaxsprint.runtime import updater as updater_lib
@@ -243,20 +241,10 @@ def test_two_processes_end_with_bit_identical_weights(tmp_path):
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
                PYTHONPATH=ROOT)
-    procs = []
-    try:
-        for rank in range(2):
-            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, str(port), str(rank), str(tmp_path)],
-                                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0 and "DONE" in out, out + err[-3000:]
+    done = subprocs.run_together([[sys.executable, "-c", _WORKER, str(port), str(rank), str(tmp_path)]
+                                  for rank in range(2)], env=env, cwd=ROOT, timeout_s=300)
+    for f in done:
+        assert f.returncode == 0 and "DONE" in f.stdout, f.stdout + f.stderr[-3000:]
     a, b = (np.load(tmp_path / f"params_{r}.npy") for r in range(2))
     assert a.tobytes() == b.tobytes()
     e0, e1 = (dict(np.load(tmp_path / f"events_{r}.npz")) for r in range(2))

@@ -1,0 +1,73 @@
+"""Several processes that must run together (one per emulated host), each output drained, all bounded by one timeout.
+
+    from jaxsprint import subprocs
+    done = subprocs.run_together([[sys.executable, "-c", code, "0"], [sys.executable, "-c", code, "1"]],
+                                 env=env, timeout_s=300)
+    # -> [Finished(returncode, stdout, stderr), ...] in the order given
+
+Why not ``Popen(stdout=PIPE)`` and ``communicate()`` on each in turn: while the caller waits on the first
+process, nobody reads the second's pipes, and once a pipe's buffer (64 KiB on Linux) is full the second blocks in
+``write``. Processes that meet in a collective then wait for each other until the timeout: a hang that appears
+only when something (a loaded machine's warnings, a long log) makes a process write more. Here every process
+writes to its own temporary file, which never blocks.
+"""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+__all__ = ["Finished", "run_together"]
+
+
+class Finished(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 timeout_s: float) -> list[Finished]:
+    """Starts every command, waits for all of them within ``timeout_s`` in total, returns their outputs.
+
+    Raises:
+      subprocess.TimeoutExpired: some process was still running at the deadline (all that were are killed
+        first; its ``output`` holds the stderr tails of every process, so the caller can say why).
+    """
+    procs: list[tuple[subprocess.Popen, object, object]] = []
+    try:
+        for cmd in cmds:
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            procs.append((subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env), stdout=out,
+                                           stderr=err, text=True), out, err))
+        deadline = time.monotonic() + float(timeout_s)
+        timed_out = False
+        for p, _, _ in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for p, _, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            tails = "\n".join(f"[process {i}] " + _read(err)[-2000:] for i, (_, _, err) in enumerate(procs))
+            raise subprocess.TimeoutExpired([str(c) for c in cmds[0]], timeout_s, output=tails)
+        return [Finished(p.returncode, _read(out), _read(err)) for p, out, err in procs]
+    finally:
+        for p, out, err in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            out.close()
+            err.close()
+
+
+def _read(f) -> str:
+    f.flush()
+    f.seek(0)
+    return f.read()
