@@ -55,8 +55,8 @@ import optax
 
 from jaxsprint import data as data_lib
 from jaxsprint import staleness
-from jaxsprint.samplers import nonempty_staleness_pmf
 from jaxsprint.errors import check
+from jaxsprint.samplers import nonempty_staleness_pmf
 
 __all__ = ["LR_RULES", "MAX_STALENESS", "PROXY_MODELS", "CACHE_VERSION", "Emulator", "ProxyData", "RunCache",
            "RunResult", "RunSpec", "load_proxy_data", "make_spec", "minibatch_pmf_from_counts",
