@@ -83,7 +83,8 @@ _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one 
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
             ("TV staleness", "staleness_tv"), ("TV mini-batch floor", "minibatch_tv_floor"),
-            ("TV staleness floor", "staleness_tv_floor"))
+            ("TV staleness floor", "staleness_tv_floor"),
+            ("TV mini-batch, two-moment reference", "minibatch_tv_two_moment"))
 
 
 def _config_overrides() -> list[str]:
@@ -212,7 +213,7 @@ def _tv(v) -> str:
 def markdown(rows: list[dict], summary: dict) -> str:
     """The per-configuration table and the summary (medians, 90th percentiles) in markdown."""
     head = ("| config | T_c ms (cv) | T_u ms (cv) | T_u/T_c | grads | updates | source | epoch | mini-batch | "
-            "staleness | TV mini-batch (floor) | TV staleness (floor) |")
+            "staleness | TV mini-batch (floor; two-moment) | TV staleness (floor) |")
     lines = [head, "|" + "---|" * 12]
     for r, c in zip(rows, _csv_rows(rows)):
         for source in ("timings", "specs"):
@@ -222,7 +223,8 @@ def markdown(rows: list[dict], summary: dict) -> str:
                 f"({c['t_update_cv']:.2f}) | {c['ratio_tu_tc']:.3g} | {c['gradients']} | {c['updates']} | {source} | "
                 f"{_pct(e.get('epoch_time_rel_error'))} | {_pct(e.get('mean_minibatch_rel_error'))} | "
                 f"{_pct(e.get('mean_staleness_rel_error'))} | {_tv(e.get('minibatch_tv'))} "
-                f"({_tv(e.get('minibatch_tv_floor'))}) | {_tv(e.get('staleness_tv'))} "
+                f"({_tv(e.get('minibatch_tv_floor'))}; {_tv(e.get('minibatch_tv_two_moment'))}) | "
+                f"{_tv(e.get('staleness_tv'))} "
                 f"({_tv(e.get('staleness_tv_floor'))}) |")
     lines += ["", "| source | statistic | " + " | ".join(label for label, _ in _METRICS) + " |", "|---|---|"
               + "---|" * len(_METRICS)]
@@ -251,7 +253,7 @@ def plot(path: str, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [m for m in _METRICS if not m[1].endswith("_floor")]
+    metrics = [m for m in _METRICS if not m[1].endswith(("_floor", "_two_moment"))]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
     ratio = [r["measured"]["t_update_s"] / r["measured"]["t_compute_s"] for r in rows]
     for ax, (label, key) in zip(axes, metrics):
@@ -260,6 +262,11 @@ def plot(path: str, rows: list[dict]) -> None:
         floor = [(x, v) for x, v in floor if v is not None and math.isfinite(v)]
         if floor:  # what an exact model would score over the run's updates (gradients)
             ax.scatter(*zip(*floor), label="sampling floor", s=22, marker="_", color="0.4")
+        ref = [(x, r["errors_from_timings"].get(key + "_two_moment")) for x, r in zip(ratio, rows)
+               if r.get("errors_from_timings")]
+        ref = [(x, v) for x, v in ref if v is not None and math.isfinite(v)]
+        if ref:  # what a model with the run's own mean and variance would score (compare.two_moment_tv)
+            ax.scatter(*zip(*ref), label="two-moment reference", s=22, marker="x", color="0.2", linewidths=0.8)
         for source, style in (("timings", dict(color="C1", marker="o")), ("specs", dict(color="C2", marker="s"))):
             pts = [(x, abs(r[f"errors_from_{source}"][key])) for x, r in zip(ratio, rows)
                    if r.get(f"errors_from_{source}") and r[f"errors_from_{source}"][key] is not None]

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from jaxsprint.perf import calibrate, machines, presets, zoo
 
@@ -67,6 +68,8 @@ def test_refit_of_the_small_cnn_set_with_a_random_held_out_share(tmp_path):
     assert "steps_leave_one_model_out" not in summary  # one family: nothing to leave out
 
 
+# Slow (11 launches, 33 s): test_bad_inputs.py's calibrate.py cases cover the same flags in the main suite.
+@pytest.mark.slow
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
     meas, out = tmp_path / "m.json", tmp_path / "preset.json"
     _measurements(meas)

@@ -160,3 +160,28 @@ def test_a_shifted_updater_cycle_is_found_and_used():
     # The shift is capped so that the tail's cv stays within the model's limit.
     assert compare.update_shift(dict(t_update_s=1.0, t_update_p01_s=0.9), 2.0) < 0.5
     assert compare.update_shift(dict(t_update_s=1.0, t_update_p01_s=0.9), 0.0) == 0.0
+
+
+def test_two_moment_tv_is_zero_for_a_discretised_gamma_and_large_for_two_peaks():
+    from scipy import stats
+
+    k = np.arange(80)
+    cdf = stats.gamma.cdf(k + 0.5, 40.0, scale=0.5)  # mean 20, variance 10
+    q = np.diff(np.concatenate([[0.0], cdf]))
+    gamma_pmf = {int(i): float(v) for i, v in enumerate(q)}
+    tv = compare.two_moment_tv(gamma_pmf)
+    assert tv < 0.005  # its own moments give it back (up to the discretisation's moment shift)
+    # On the sub-batch's lattice (mini-batch = 8 x count) it is the same number.
+    assert compare.two_moment_tv({8 * i: v for i, v in gamma_pmf.items()}) == pytest.approx(tv)
+    # Two peaks (mean 5, variance 16): a gamma with those moments puts most of its mass elsewhere.
+    two = compare.two_moment_tv({1: 0.5, 9: 0.5})
+    g = stats.gamma(5.0 ** 2 / 16.0, scale=16.0 / 5.0)
+    expected = 0.5 * (abs(0.5 - (g.cdf(1.5) - g.cdf(0.5))) + abs(0.5 - (g.cdf(9.5) - g.cdf(8.5)))
+                      + (1.0 - (g.cdf(1.5) - g.cdf(0.5)) - (g.cdf(9.5) - g.cdf(8.5))))
+    assert two == pytest.approx(expected, rel=1e-6) and two > 0.6
+    assert compare.two_moment_tv({3: 1.0}) == 0.0 and math.isnan(compare.two_moment_tv({}))
+    e = compare.compare(dict(epoch_time_s=1.0, mean_minibatch=1.0, mean_staleness=1.0, minibatch_pmf={8: 0.5, 72: 0.5},
+                             staleness_pmf={0: 1.0}),
+                        dict(epoch_time_s=1.0, mean_minibatch=1.0, mean_staleness=1.0, minibatch_pmf={8: 1.0},
+                             staleness_pmf={0: 1.0}))
+    assert e["minibatch_tv_two_moment"] == pytest.approx(two)  # the measured pmf's own reference

@@ -28,10 +28,10 @@ from jaxsprint.errors import ConfigError
 
 __all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
            "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_times", "summarize_errors",
-           "tv_distance", "tv_floor", "update_shift"]
+           "tv_distance", "tv_floor", "two_moment_tv", "update_shift"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
-              "staleness_tv", "minibatch_tv_floor", "staleness_tv_floor")
+              "staleness_tv", "minibatch_tv_floor", "staleness_tv_floor", "minibatch_tv_two_moment")
 TV_FLOOR_DRAWS = 200  # samples of the sampling floor (tv_floor): its mean is known to about 1% of itself
 
 
@@ -298,6 +298,40 @@ def tv_floor(pmf: Mapping[Any, float], n: int, *, draws: int = TV_FLOOR_DRAWS, s
     return float(np.mean(0.5 * np.abs(counts / int(n) - p).sum(axis=1)))
 
 
+def two_moment_tv(pmf: Mapping[Any, float]) -> float:
+    """TV between a measured pmf and the discretised gamma of ITS OWN mean and variance.
+
+    A reference for the mini-batch pmf: what a model that predicted the run's first two moments exactly (with
+    the gamma shape the model uses where its exact form does not fit, :func:`jaxsprint.perf.renewal.
+    discretised_gamma`) would still score, from the shape and the run's sampling noise together. A model's TV
+    well above it is an error in the moments; near it, only a better shape (or a longer run) helps. Values
+    are taken on the pmf's lattice (the greatest common divisor of its values, e.g. the sub-batch); bins are
+    ``[k - 1/2, k + 1/2)`` with the first bin holding everything below. 0 for a one-point pmf, NaN for an
+    empty one.
+    """
+    from scipy import stats as st
+
+    items = sorted((int(k), float(v)) for k, v in pmf.items() if float(v) > 0)
+    total = sum(v for _, v in items)
+    if not items or total <= 0:
+        return math.nan
+    stride = math.gcd(*[k for k, _ in items]) or 1
+    k = np.asarray([k // stride for k, _ in items], np.float64)
+    p = np.asarray([v for _, v in items]) / total
+    mean = float(p @ k)
+    var = float(p @ (k - mean) ** 2)
+    if var <= 0 or mean <= 0:
+        return 0.0
+    hi = int(k.max() + 10.0 * math.sqrt(var) + 10.0)
+    edges = np.arange(hi + 1) + 0.5  # upper edges of the bins 0..hi
+    cdf = st.gamma.cdf(edges, mean * mean / var, scale=var / mean)
+    q = np.diff(np.concatenate([[0.0], cdf]))
+    q[-1] += 1.0 - cdf[-1]
+    measured = np.zeros(hi + 1)
+    measured[k.astype(np.int64)] = p
+    return float(0.5 * np.abs(measured - q).sum())
+
+
 def _rel(pred: float, meas: float) -> float:
     if not (math.isfinite(pred) and math.isfinite(meas)) or meas == 0:
         return math.nan
@@ -311,7 +345,9 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
       ``epoch_time_rel_error``, ``mean_minibatch_rel_error``, ``mean_staleness_rel_error`` (signed:
       ``predicted / measured - 1``), ``minibatch_tv`` and ``staleness_tv`` (:func:`tv_distance`), and
       their sampling floors ``minibatch_tv_floor`` and ``staleness_tv_floor`` (:func:`tv_floor` of the
-      predicted pmf over the measured ``updates`` and ``gradients``; NaN where those are not given).
+      predicted pmf over the measured ``updates`` and ``gradients``; NaN where those are not given), and
+      ``minibatch_tv_two_moment`` (:func:`two_moment_tv` of the measured mini-batch pmf: what a model with the
+      run's own mean and variance would score).
     """
     return dict(
         epoch_time_rel_error=_rel(predicted["epoch_time_s"], measured["epoch_time_s"]),
@@ -321,6 +357,7 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
         staleness_tv=tv_distance(measured["staleness_pmf"], predicted["staleness_pmf"]),
         minibatch_tv_floor=tv_floor(predicted["minibatch_pmf"], measured.get("updates", 0)),
         staleness_tv_floor=tv_floor(predicted["staleness_pmf"], measured.get("gradients", 0)),
+        minibatch_tv_two_moment=two_moment_tv(measured["minibatch_pmf"]),
     )
 
 
