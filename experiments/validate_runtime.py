@@ -257,16 +257,16 @@ def plot(path: str, rows: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
     ratio = [r["measured"]["t_update_s"] / r["measured"]["t_compute_s"] for r in rows]
     for ax, (label, key) in zip(axes, metrics):
-        floor = [(x, r["errors_from_timings"].get(key + "_floor")) for x, r in zip(ratio, rows)
-                 if r.get("errors_from_timings")]
-        floor = [(x, v) for x, v in floor if v is not None and math.isfinite(v)]
-        if floor:  # what an exact model would score over the run's updates (gradients)
-            ax.scatter(*zip(*floor), label="sampling floor", s=22, marker="_", color="0.4")
-        ref = [(x, r["errors_from_timings"].get(key + "_two_moment")) for x, r in zip(ratio, rows)
-               if r.get("errors_from_timings")]
-        ref = [(x, v) for x, v in ref if v is not None and math.isfinite(v)]
-        if ref:  # what a model with the run's own mean and variance would score (compare.two_moment_tv)
-            ax.scatter(*zip(*ref), label="two-moment reference", s=22, marker="x", color="0.2", linewidths=0.8)
+        # References beside the errors: what an exact model would score over the run's updates (gradients),
+        # and what a model with the run's own mean and variance would (compare.two_moment_tv).
+        for suffix, style in (("_floor", dict(label="sampling floor", marker="_", color="0.4")),
+                              ("_two_moment", dict(label="two-moment reference", marker="x", color="0.2",
+                                                   linewidths=0.8))):
+            ref = [(x, r["errors_from_timings"].get(key + suffix)) for x, r in zip(ratio, rows)
+                   if r.get("errors_from_timings")]
+            ref = [(x, v) for x, v in ref if v is not None and math.isfinite(v)]
+            if ref:
+                ax.scatter(*zip(*ref), s=22, **style)
         for source, style in (("timings", dict(color="C1", marker="o")), ("specs", dict(color="C2", marker="s"))):
             pts = [(x, abs(r[f"errors_from_{source}"][key])) for x, r in zip(ratio, rows)
                    if r.get(f"errors_from_{source}") and r[f"errors_from_{source}"][key] is not None]

@@ -302,8 +302,8 @@ def two_moment_tv(pmf: Mapping[Any, float]) -> float:
     """TV between a measured pmf and the discretised gamma of ITS OWN mean and variance.
 
     A reference for the mini-batch pmf: what a model that predicted the run's first two moments exactly (with
-    the gamma shape the model uses where its exact form does not fit, :func:`jaxsprint.perf.renewal.
-    discretised_gamma`) would still score, from the shape and the run's sampling noise together. A model's TV
+    the gamma shape the model uses where its exact form does not fit,
+    :func:`jaxsprint.perf.renewal.discretised_gamma`) would still score, from the shape and the run's sampling noise together. A model's TV
     well above it is an error in the moments; near it, only a better shape (or a longer run) helps. Values
     are taken on the pmf's lattice (the greatest common divisor of its values, e.g. the sub-batch); bins are
     ``[k - 1/2, k + 1/2)`` with the first bin holding everything below. 0 for a one-point pmf, NaN for an
