@@ -19,7 +19,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["Finished", "run_together"]
+__all__ = ["Finished", "Hung", "run_together"]
+
+
+class Hung(subprocess.TimeoutExpired):
+    """:func:`run_together`'s timeout: a ``TimeoutExpired`` whose message also holds every process's stderr tail.
+
+    A plain ``TimeoutExpired`` prints only the first command, so a test or launcher that lets it propagate
+    shows nothing of where each process was when the deadline came.
+    """
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr tails:\n{self.output}"
 
 
 class Finished(NamedTuple):
@@ -33,8 +44,8 @@ def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None
     """Starts every command, waits for all of them within ``timeout_s`` in total, returns their outputs.
 
     Raises:
-      subprocess.TimeoutExpired: some process was still running at the deadline (all that were are killed
-        first; its ``output`` holds the stderr tails of every process, so the caller can say why).
+      Hung: a ``subprocess.TimeoutExpired``: some process was still running at the deadline (all that were are
+        killed first; its ``output``, and its message, hold the stderr tails of every process).
     """
     procs: list[tuple[subprocess.Popen, object, object]] = []
     try:
@@ -56,7 +67,7 @@ def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None
                     p.kill()
                     p.wait()
             tails = "\n".join(f"[process {i}] " + _read(err)[-2000:] for i, (_, _, err) in enumerate(procs))
-            raise subprocess.TimeoutExpired([str(c) for c in cmds[0]], timeout_s, output=tails)
+            raise Hung([str(c) for c in cmds[0]], timeout_s, output=tails)
         return [Finished(p.returncode, _read(out), _read(err)) for p, out, err in procs]
     finally:
         for p, out, err in procs:

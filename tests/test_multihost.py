@@ -9,7 +9,6 @@ processes ends in the same state.
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import jax
@@ -115,11 +114,7 @@ def _run(num_processes: int, devices_per_process: int, workdir, out=None, *, sto
         overrides=dict(_OVERRIDES, **(overrides or {}))))] for pid in range(num_processes)]
     # Every process's output drained to a file: with pipes read one after the other, a process that fills its
     # pipe blocks in a write while the others wait for it in a collective (a hang seen only under load).
-    try:
-        done = subprocs.run_together(cmds, env=env, cwd=ROOT, timeout_s=timeout)
-    except subprocess.TimeoutExpired as e:  # a hang: say where every process was (its stderr tail)
-        pytest.fail(f"{num_processes} processes still running after {timeout} s (port {port}); stderr tails:\n"
-                    f"{e.output}", pytrace=False)
+    done = subprocs.run_together(cmds, env=env, cwd=ROOT, timeout_s=timeout)
     results = [((f.stdout, f.stderr), f.returncode) for f in done]
     for (stdout, stderr), rc in results:
         assert rc == 0, stderr[-4000:]

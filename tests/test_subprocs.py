@@ -32,3 +32,5 @@ def test_the_timeout_kills_every_process_and_reports_their_stderr():
         subprocs.run_together([[sys.executable, "-c", code]] * 2, timeout_s=5)
     assert time.monotonic() - t0 < 30
     assert e.value.output.count("started") == 2
+    assert isinstance(e.value, subprocs.Hung)  # and its message shows both tails after the command
+    assert str(e.value).split("stderr tails:\n", 1)[1] == e.value.output  # "[process 0] started ..."
