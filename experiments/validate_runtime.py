@@ -33,7 +33,6 @@ import csv
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxsprint import cli  # noqa: E402
+from jaxsprint import cli, subprocs  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +63,9 @@ _TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes af
 _SPECS = flags.DEFINE_enum("specs", "loo", ["loo", "preset"], "The specs prediction: loo = each run from the "
                            "preset refitted (perf.runtime_calibration.cross_validate) to the OTHER runs of the grid; "
                            "preset = the --machine preset as it is.")
+_UPDATER_DEVICE = flags.DEFINE_enum("updater_device", "shared", ["shared", "own"], "config.sprint.updater_device "
+                                     "of every run; own: each process gets one device more than its learners, "
+                                     "the updater's.")
 _REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "
                                "and preset; run nothing.")
 
@@ -75,10 +77,15 @@ GRID = (
     ("h1_l8_b32_n10", 1, 8, 32, 10), ("h1_l8_b128_n50", 1, 8, 128, 50), ("h1_l8_b8_n20", 1, 8, 8, 20),
     ("h2_l1_b32_n0", 2, 1, 32, 0), ("h2_l1_b8_n50", 2, 1, 8, 50), ("h2_l2_b32_n20", 2, 2, 32, 20),
     ("h2_l4_b64_n100", 2, 4, 64, 100), ("h2_l2_b128_n5", 2, 2, 128, 5),
+    # two-host runs that pin the two-host updater: without network time (the updaters' collectives busy on
+    # the cores) and with 20 ms (an updater waits for its partner), sub-batch 8-128, 1-4 learners per host
+    ("h2_l1_b8_n0", 2, 1, 8, 0), ("h2_l1_b128_n20", 2, 1, 128, 20), ("h2_l2_b8_n0", 2, 2, 8, 0),
+    ("h2_l2_b64_n0", 2, 2, 64, 0), ("h2_l4_b16_n20", 2, 4, 16, 20), ("h2_l4_b128_n0", 2, 4, 128, 0),
 )
 QUICK_GRID = (("quick_h1_l2", 1, 2, 8, 10), ("quick_h2_l1", 2, 1, 8, 10))
 QUICK_OVERRIDES = ("--config.model=tiny", "--config.image_size=8")
 QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
+_OWN_UPDATER = "--config.sprint.updater_device=own"
 _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
@@ -90,12 +97,6 @@ _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_mi
 def _config_overrides() -> list[str]:
     """The ``--config.*`` flags of this command line, passed on to every run."""
     return [a for a in sys.argv[1:] if a.startswith("--config.")]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
@@ -138,8 +139,12 @@ def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overr
         args.append(f"--machine_file={_MACHINE_FILE.value}")
     else:
         args.append(f"--machine={_MACHINE.value}")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={lph}")
-    port = _free_port() if hosts > 1 else None
+    own = _OWN_UPDATER in overrides  # one more device per process, the updater's
+    if own:
+        args.append(f"--config.sprint.devices={lph}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={lph + 1 if own else lph}")
+    port = subprocs.coordinator_port() if hosts > 1 else None
     procs, files = [], []
     try:
         for p in range(hosts):
@@ -402,6 +407,8 @@ def main(argv):
         check(n in names, "--only", n, f"names of the {'quick ' if _QUICK.value else ''}grid: {', '.join(names)}")
     grid = [g for g in grid if not _ONLY.value or g[0] in _ONLY.value]
     overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
+    if _UPDATER_DEVICE.value == "own" and _OWN_UPDATER not in overrides:
+        overrides.append(_OWN_UPDATER)
     from jaxsprint.perf import presets
 
     machine = presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)

@@ -13,13 +13,57 @@ writes to its own temporary file, which never blocks.
 """
 from __future__ import annotations
 
+import os
+import random
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["Finished", "Hung", "run_together"]
+__all__ = ["Finished", "Hung", "coordinator_port", "run_together"]
+
+
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (Linux's file; 32768-60999, its default, elsewhere)."""
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as fh:
+            lo, hi = (int(v) for v in fh.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def coordinator_port(host: str = "127.0.0.1", *, attempts: int = 200, rng: random.Random | None = None) -> int:
+    """A free TCP port for a ``jax.distributed`` coordinator, chosen BELOW the kernel's ephemeral range.
+
+    The usual trick, binding port 0 and closing the socket, hands out a port from the ephemeral range, the
+    one the kernel also gives every outgoing connection. Between the close and the coordinator's own bind,
+    another process's connection (gloo opens many; so does every other coordinator's client) can take it;
+    the coordinator then fails to bind, and a peer that probes the port may reach the wrong service and wait
+    for ever. Ports below the range are never handed out to connections, so only another caller of this
+    function could pick the same one, at random among about 20,000, and the bind below rules out one in use.
+
+    Raises:
+      OSError: no free port in `attempts` random tries.
+    """
+    lo, _ = _ephemeral_range()
+    top = max(lo, _LOWEST_PORT + 1000)
+    rng = rng or random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(int(attempts)):
+        port = rng.randrange(_LOWEST_PORT, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port in [{_LOWEST_PORT}, {top}) on {host} after {attempts} tries")
 
 
 class Hung(subprocess.TimeoutExpired):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -228,12 +227,6 @@ jax.distributed.shutdown()
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10, rounds: int = 2,
                       timeout_s: float = 120.0) -> list[AllreduceTiming]:
     """Wall seconds of an all-reduce (``psum``) over ``ranks`` local JAX processes on CPU.
@@ -261,7 +254,7 @@ def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10,
           "an integer >= 2")
     check(int(reps) >= 1 and int(rounds) >= 1, "reps, rounds", (reps, rounds), "integers >= 1")
     check(timeout_s > 0, "timeout_s", timeout_s, "a number > 0")
-    port = _free_port()
+    port = subprocs.coordinator_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     cmds = []
     for rank in range(ranks):

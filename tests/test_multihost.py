@@ -8,7 +8,6 @@ processes ends in the same state.
 """
 import json
 import os
-import socket
 import sys
 
 import jax
@@ -96,18 +95,12 @@ print("DONE", jax.process_count(), jax.device_count(), flush=True)
 _OVERRIDES = {"checkpoint_every_epochs": 0.087, "polish.mode": "recompute"}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run(num_processes: int, devices_per_process: int, workdir, out=None, *, stop_after_steps=None,
          overrides=None, timeout=420, driver=_DRIVER):
     """Runs one training job in `num_processes` processes; returns their (returncode, stdout, stderr)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
-    port = _free_port()
+    port = subprocs.coordinator_port()
     cmds = [[sys.executable, "-c", driver, json.dumps(dict(
         process_id=pid, num_processes=num_processes, port=port, workdir=str(workdir),
         out=str(out) if out else None, stop_after_steps=stop_after_steps,

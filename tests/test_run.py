@@ -2,7 +2,6 @@
 times, accounting of every gradient, errors, and two processes ending with identical weights."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -61,12 +60,16 @@ def check_accounting(r):
     assert np.all(np.diff(ev["update_t_start"]) > 0)
 
 
-@pytest.mark.parametrize("learners", [1, 2])
-def test_lockstep_equals_the_synchronous_step(tmp_path, learners):
+@pytest.mark.parametrize("learners, updater_device", [(1, "shared"), (2, "shared"), (2, "own")])
+def test_lockstep_equals_the_synchronous_step(tmp_path, learners, updater_device):
     steps = 3
-    c = tiny_config(lockstep=True, num_updates=steps, learners_per_host=learners)
+    c = tiny_config(lockstep=True, num_updates=steps, learners_per_host=learners, updater_device=updater_device)
     r = runtime.run(c, str(tmp_path))
     check_accounting(r)
+    first, last = jax.local_devices()[0].id, jax.local_devices()[-1].id
+    assert r.learner_device_ids == (first,) * learners  # config.sprint.devices = 1
+    assert r.updater_device_id == (last if updater_device == "own" else first)
+    assert json.loads((tmp_path / "summary.json").read_text())["updater_device_id"] == r.updater_device_id
     ev = r.events
     np.testing.assert_array_equal(ev["update_count"], [learners] * steps)
     ok = ev["grad_applied_version"] > 0
@@ -178,6 +181,15 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value
     assert not workdir.exists()
 
 
+def test_an_own_updater_device_needs_a_device_no_learner_uses():
+    with pytest.raises(ConfigError, match="config.sprint.updater_device.*shared, own"):
+        runtime.validate_config(tiny_config(duration_s=1.0, updater_device="cpu"), 8)
+    for devices in (None, 8):  # every local device is a learner's
+        with pytest.raises(ConfigError, match=r"config.sprint.devices.*\[1, 7\].*updater_device='own'"):
+            runtime.validate_config(tiny_config(duration_s=1.0, updater_device="own", devices=devices), 8)
+    runtime.validate_config(tiny_config(duration_s=1.0, updater_device="own", devices=7), 8)
+
+
 def test_no_stop_and_unknown_optimizer_are_refused():
     with pytest.raises(ConfigError, match="config.sprint.duration_s"):
         runtime.validate_config(tiny_config(), 8)  # duration 0 and no other stop
@@ -199,18 +211,12 @@ def test_a_learner_that_raises_stops_the_run_with_its_error(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_coordinator_fails_within_the_timeout():
     code = textwrap.dedent(f"""
         from jaxsprint import runtime
         from jaxsprint.errors import ConfigError
         try:
-            runtime.initialize_distributed("127.0.0.1:{_free_port()}", 2, 1, timeout_s=3)
+            runtime.initialize_distributed("127.0.0.1:{subprocs.coordinator_port()}", 2, 1, timeout_s=3)
         except ConfigError as e:
             print("CONFIG_ERROR", e)
     """)
@@ -223,13 +229,18 @@ def test_unreachable_coordinator_fails_within_the_timeout():
 _WORKER = textwrap.dedent("""
     import sys
     from jaxsprint import runtime
-    port, rank, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    port, rank, workdir, where = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     runtime.initialize_distributed(f"127.0.0.1:{port}", 2, rank, timeout_s=60)
     from tests.test_run import tiny_config
-    c = tiny_config(num_updates=15, network_time_s=0.01, devices=None)
+    c = tiny_config(num_updates=15, network_time_s=0.01, devices=2 if where == "own" else None,
+                    updater_device=where)
     r = runtime.run(c, workdir)
+    import jax
     import numpy as np
     assert r.num_processes == 2 and r.process_index == rank
+    local = [d.id for d in jax.local_devices()]
+    assert r.updater_device_id == (local[-1] if where == "own" else local[0]), (r.updater_device_id, local)
+    assert (r.updater_device_id in r.learner_device_ids) == (where == "shared")
     np.save(f"{workdir}/params_{rank}.npy", r.params_flat)
     np.savez(f"{workdir}/events_{rank}.npz", **r.events)
     print("DONE", r.updates, r.gradients, r.in_flight, flush=True)
@@ -237,11 +248,12 @@ _WORKER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_two_processes_end_with_bit_identical_weights(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               PYTHONPATH=ROOT)
-    done = subprocs.run_together([[sys.executable, "-c", _WORKER, str(port), str(rank), str(tmp_path)]
+@pytest.mark.parametrize("where", ["shared", "own"])
+def test_two_processes_end_with_bit_identical_weights(tmp_path, where):
+    port = subprocs.coordinator_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={3 if where == 'own' else 2}")
+    done = subprocs.run_together([[sys.executable, "-c", _WORKER, str(port), str(rank), str(tmp_path), where]
                                   for rank in range(2)], env=env, cwd=ROOT, timeout_s=300)
     for f in done:
         assert f.returncode == 0 and "DONE" in f.stdout, f.stdout + f.stderr[-3000:]

@@ -66,6 +66,7 @@ def test_a_saved_log_is_analysed_without_running(tmp_path):
     ([f"--config={CONFIG}", "--config.sprint.sub_batch=0"], "error: invalid config.sprint.sub_batch=0"),
     ([f"--config={CONFIG}", "--config.sprint.duration_s=-1"], "error: invalid config.sprint.duration_s=-1"),
     ([f"--config={CONFIG}", "--config.optimizer.name=adamw"], "error: invalid config.optimizer.name="),
+    ([f"--config={CONFIG}", "--config.sprint.updater_device=own"], "error: invalid config.sprint.devices="),
     ([f"--config={CONFIG}", "--plot=out.txt"], "error: invalid --plot="),
     ([f"--config={CONFIG}", "--machine=nope"], "error: invalid machine="),
     ([f"--config={CONFIG}", "--no_such_flag"], "error:"),

@@ -1,5 +1,6 @@
 """Tests of jaxsprint.subprocs: processes that wait for each other finish even when one writes more than a pipe
 holds, outputs come back whole, and the timeout kills every process."""
+import socket
 import subprocess
 import sys
 import time
@@ -34,3 +35,45 @@ def test_the_timeout_kills_every_process_and_reports_their_stderr():
     assert e.value.output.count("started") == 2
     assert isinstance(e.value, subprocs.Hung)  # and its message shows both tails after the command
     assert str(e.value).split("stderr tails:\n", 1)[1] == e.value.output  # "[process 0] started ..."
+
+
+class _Scripted:
+    """A stand-in for ``random.Random`` whose ``randrange`` returns the given ports in turn."""
+
+    def __init__(self, ports):
+        self._ports = iter(ports)
+
+    def randrange(self, lo, hi):
+        port = next(self._ports)
+        assert lo <= port < hi
+        return port
+
+
+def test_coordinator_port_is_free_and_below_the_ephemeral_range():
+    lo, _ = subprocs._ephemeral_range()
+    port = subprocs.coordinator_port()
+    assert subprocs._LOWEST_PORT <= port < max(lo, subprocs._LOWEST_PORT + 1000)
+    with socket.socket() as s:  # free: a coordinator can bind it
+        s.bind(("127.0.0.1", port))
+
+
+def test_coordinator_port_skips_a_port_in_use_and_says_when_none_is_free():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        lo, _ = subprocs._ephemeral_range()
+        top = max(lo, subprocs._LOWEST_PORT + 1000)
+        if not subprocs._LOWEST_PORT <= taken < top:  # the kernel gave an ephemeral port: take one below
+            busy.close()
+            busy = socket.socket()
+            taken = subprocs.coordinator_port()
+            busy.bind(("127.0.0.1", taken))
+            busy.listen()
+        free = subprocs.coordinator_port()
+        while free == taken:
+            free = subprocs.coordinator_port()
+        assert subprocs.coordinator_port(rng=_Scripted([taken, free])) == free
+        with pytest.raises(OSError, match="no free port"):
+            subprocs.coordinator_port(attempts=3, rng=_Scripted([taken] * 3))
+        busy.close()

@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sprint.learners_per_host = ml_collections.config_dict.placeholder(int)
     # Local devices the learners use (None: all; 1: every learner on the first device, e.g. one GPU).
     c.sprint.devices = ml_collections.config_dict.placeholder(int)
+    # Where the updater's programs (all-reduce, optimizer step) run: "shared" = the first local device, which
+    # learner 0 also uses (its programs queue behind that learner's step and the learner's behind them);
+    # "own" = the last local device, which no learner may use (set devices below the local device count).
+    c.sprint.updater_device = "shared"
     c.sprint.sub_batch = 32          # examples per learner gradient
     c.sprint.network_time_s = 0.0    # emulated network time added to each updater cycle's all-reduce
     c.sprint.lockstep = False        # True: synchronous check mode (one gradient per learner per update)

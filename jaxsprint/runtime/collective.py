@@ -78,10 +78,12 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
 class HostCollective:
     """All-reduce and all-gather across the processes, over one device per process."""
 
-    def __init__(self):
+    def __init__(self, *, last_device: bool = False):
+        """Over the first local device of every process, or its last with `last_device` (the same on all)."""
         self.num_hosts = jax.process_count()
         self.host = jax.process_index()
-        devices = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+        pick = max if last_device else min
+        devices = [pick((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
                    for p in range(self.num_hosts)]
         self.device = devices[self.host]
         self._mesh = Mesh(np.asarray(devices), (AXIS,))

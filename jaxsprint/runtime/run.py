@@ -48,6 +48,7 @@ from jaxsprint.runtime.learner import POLL_S, Learner, SubBatches, make_gradient
 from jaxsprint.runtime.updater import StopRule, Updater, make_apply_fn, nominal_hparams
 
 POLISH_MODES = ("none", "recompute")
+UPDATER_DEVICES = ("shared", "own")  # config.sprint.updater_device
 # The most the weights kept for deferred evaluation (``sprint.eval_deferred``) may take in host memory.
 DEFERRED_EVAL_MAX_BYTES = 4 * 2**30
 
@@ -68,6 +69,8 @@ class RunResult:
     batch_stats_flat: np.ndarray | None = None          # final running statistics (EMA), flat
     eval_polished: dict[str, float] = dataclasses.field(default_factory=dict)  # after Final Polishing
     eval_history: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)  # (version, eval)
+    updater_device_id: int = -1          # id of the device the updater's programs ran on (this host)
+    learner_device_ids: tuple[int, ...] = ()  # ids of the devices this host's learners ran on
 
 
 def _is_int(v) -> bool:
@@ -82,7 +85,7 @@ def validate_config(config, num_local_devices: int) -> None:
     """Checks a SPRINT config (``experiments/configs/sprint.py``); reads and writes nothing.
 
     Checks the data, model, CPU-switch and optimizer fields as training does, ``polish.mode`` (``none`` or
-    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``devices`` (None or 1..local devices), ``sub_batch``
+    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``devices`` (None or 1..local devices), ``updater_device`` (``shared``, or ``own`` with ``devices`` below the local devices), ``sub_batch``
     (an integer >= 1, at most the training-set share of a host for the built-in datasets), ``network_time_s``
     and ``warmup_s`` (finite, >= 0), ``lockstep`` (bool), ``duration_s`` / ``num_updates`` / ``num_epochs``
     (each >= 0, at least one > 0), ``eval_every_updates`` and ``schedule_updates`` (integers >= 0 / >= 1),
@@ -110,6 +113,12 @@ def validate_config(config, num_local_devices: int) -> None:
     nd = s.get("devices")
     check(nd is None or (_is_int(nd) and 1 <= nd <= num_local_devices), "config.sprint.devices", nd,
           f"None (every local device) or an integer in [1, {num_local_devices}]")
+    where = s.get("updater_device", "shared")
+    check(where in UPDATER_DEVICES, "config.sprint.updater_device", where, f"one of {', '.join(UPDATER_DEVICES)}")
+    if where == "own":
+        check(nd is not None and nd < num_local_devices, "config.sprint.devices", nd,
+              f"an integer in [1, {num_local_devices - 1}] with updater_device='own' (the last of the "
+              f"{num_local_devices} local devices is the updater's, no learner may use it)")
     check(_is_int(s.sub_batch) and s.sub_batch >= 1, "config.sprint.sub_batch", s.sub_batch, "an integer >= 1")
     for name in ("network_time_s", "warmup_s"):
         check(_is_real(s[name]) and s[name] >= 0, f"config.sprint.{name}", s[name], "a finite number >= 0")
@@ -291,8 +300,9 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     num_hosts, host = jax.process_count(), jax.process_index()
     lph = s.learners_per_host or len(local)
     learner_devices = local[:s.get("devices") or len(local)]
-    col = collective_lib.HostCollective() if num_hosts > 1 else None
-    device = col.device if col is not None else local[0]
+    own = s.get("updater_device", "shared") == "own"
+    col = collective_lib.HostCollective(last_device=own) if num_hosts > 1 else None
+    device = col.device if col is not None else local[-1 if own else 0]
     b = _build(config, device)
     control, published = Control(), Published(b.params, np.asarray(b.stats))
     width = b.params.size + b.stats.size + 2
@@ -376,7 +386,9 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     result = RunResult(events=events, eval=final_eval, params_flat=params_flat, updates=updater.version,
                        gradients=gradients, in_flight=n_flight, wall_s=float(updater.t_stop),
                        process_index=host, num_processes=num_hosts, batch_stats_flat=stats_flat,
-                       eval_polished=polished, eval_history=history)
+                       eval_polished=polished, eval_history=history, updater_device_id=int(device.id),
+                       learner_device_ids=tuple(int(learner_devices[j % len(learner_devices)].id)
+                                                for j in range(lph)))
     if host == 0:
         os.makedirs(workdir, exist_ok=True)
         np.savez(os.path.join(workdir, "events.npz"), **events)
@@ -384,6 +396,8 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
                    "wall_s": result.wall_s, "eval": final_eval, "eval_polished": polished,
                    "eval_history": [{"version": v, **e} for v, e in history],
                    "learners_per_host": lph, "num_hosts": num_hosts, "sub_batch": int(s.sub_batch),
+                   "updater_device_id": result.updater_device_id,
+                   "learner_device_ids": list(result.learner_device_ids),
                    "model": config.model, "dataset": config.dataset}
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
