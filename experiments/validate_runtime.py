@@ -1,13 +1,14 @@
 r"""The SPRINT model judged against the real runtime over a grid of configurations.
 
-  python experiments/validate_runtime.py --out=runs/validate_runtime          # the grid: about 25-35 minutes
+  python experiments/validate_runtime.py --out=runs/validate_runtime          # the grid: about 30-40 minutes
   python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
   python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
   python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
 
 Each configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from
 about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
-jax.distributed with gloo; each process gets as many fake CPU devices as it has learners), long enough for at
+jax.distributed with gloo; each process gets one fake CPU device per learner and, with --updater_device=own, the
+default, one more for its updater, so that the updater's programs never queue behind a learner's), long enough for at
 least --min_gradients gradients and --min_updates updates after the warm-up: the duration comes from the
 model's specs estimate of T_c and T_u (the --machine preset), and a run that falls short is repeated once,
 longer. Writes to --out: ``runs/<name>/`` (each run's workdir, stdout and stderr), ``results.json`` (every
@@ -63,7 +64,7 @@ _TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes af
 _SPECS = flags.DEFINE_enum("specs", "loo", ["loo", "preset"], "The specs prediction: loo = each run from the "
                            "preset refitted (perf.runtime_calibration.cross_validate) to the OTHER runs of the grid; "
                            "preset = the --machine preset as it is.")
-_UPDATER_DEVICE = flags.DEFINE_enum("updater_device", "shared", ["shared", "own"], "config.sprint.updater_device "
+_UPDATER_DEVICE = flags.DEFINE_enum("updater_device", "own", ["shared", "own"], "config.sprint.updater_device "
                                      "of every run; own: each process gets one device more than its learners, "
                                      "the updater's.")
 _REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "

@@ -104,7 +104,7 @@ def test_runtime_figures_default_when_left_out():
     figures = {f: float(getattr(base, f)) for f in mc.FIELDS if f not in mc.RUNTIME_DEFAULTS}
     m = mc.make_machine("m", "", {}, **figures)
     assert float(m.cores_per_node) == float(base.gpus_per_node)
-    assert float(m.learner_contention) == 1.0 and float(m.updater_cv) == 0.0
+    assert float(m.learner_step_cores) == 1.0 and float(m.updater_cv) == 0.0
     assert dict(m.sources)["cores_per_node"].startswith("default")
     rt = mc.get("cpu_runtime")
     assert float(rt.cores_per_node) == 2.0

@@ -10,9 +10,9 @@ from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
 
 NET = zoo.get("resnet8")
-TRUE = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=2e-3, learner_contention=1.3,
-                       updater_overhead_s=4e-4, updater_contention=1.6, updater_queue=0.3,
-                       updater_queue_hosts=1.5, learner_cv=0.25, updater_cv=1.5)
+TRUE = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=2e-3, learner_step_cores=1.6,
+                       updater_overhead_s=4e-4, updater_per_learner_s=8e-4, updater_cores=0.3,
+                       updater_hosts_stretch=1.5, updater_queue=0.3, learner_cv=0.25, updater_cv=1.5)
 CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0, 0.02)] + [
     (2, 2, 32, 0.0), (1, 2, 16, 0.02), (4, 2, 32, 0.02)]
 
@@ -56,8 +56,8 @@ def test_fit_all_stages_and_a_subset_keeps_the_rest():
     assert r.summary()["update"]["median_abs_error"] < 0.01
     assert set(r.stages) == {"compute", "runtime"}
     start = mc.get("cpu_runtime")
-    sub = rc.fit_runtime(start, NET, list(_true_runs()), fields=["learner_contention"], fit_cvs=False)
-    assert set(sub.fitted) == {"learner_contention"}
+    sub = rc.fit_runtime(start, NET, list(_true_runs()), fields=["learner_step_cores"], fit_cvs=False)
+    assert set(sub.fitted) == {"learner_step_cores"}
     assert float(sub.machine.updater_overhead_s) == float(start.updater_overhead_s)
 
 
@@ -75,7 +75,7 @@ def test_bad_input_names_the_field():
 def test_cross_validate_fits_each_run_without_it():
     """Leave-one-out on exact runs: every held-out run is predicted from figures fitted to the others alone
     (a run changed by 30% moves only the other runs' machines, and its own prediction stays at the truth)."""
-    # Eight runs (one fit each, the cost of this test): the seven others fix the six figures exactly,
+    # Eight runs (one fit each, the cost of this test): the seven others fix the seven figures exactly,
     # so the altered run's held-out prediction is the truth.
     every = _true_runs()
     runs = [every[i] for i in (0, 1, 3, 4, 7, -3, -2, -1)]

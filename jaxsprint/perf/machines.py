@@ -80,20 +80,23 @@ class Machine:
         (read gradient, read+write momentum, read+write weights: 5).
       updater_overhead_s: Fixed overhead per updater cycle.
       cores_per_node: Compute units the node's learners run on (physical cores for CPU learners, the
-        accelerators for GPU ones). Up to this many learners run side by side; more time-share them (see
-        :func:`jaxsprint.perf.times.runtime_compute_time_s`). Default: ``gpus_per_node``.
-      learner_contention: Exponent ``a`` of the sharing slowdown ``max(1, N / C)^a`` of ``N`` learners on
-        ``C = cores_per_node`` units (1: fair time-sharing; above 1: sharing also costs cache and
-        scheduling; below 1: one learner alone leaves idle gaps that others fill). Default 1.
+        accelerators for GPU ones), shared by every learner of the node and by its updaters while they work
+        (see :func:`jaxsprint.perf.times.runtime_times`). Default: ``gpus_per_node``.
       learner_overhead_s: Per-cycle host cost of one learner besides its device step (the weight fetch,
-        the gradient's hand-off into the node buffer, Python dispatch). Default 0.
-      updater_contention: The same exponent for the updater's own work, slowed by the learners it shares
-        the cores with. Default 1.
+        the gradient's hand-off into the node buffer, Python dispatch), done under the host process's
+        interpreter lock: the learners of one process do it one at a time. Default 0.
+      learner_step_cores: Compute units one learner's device step keeps busy when it runs alone (a CPU
+        step spreads over more than one core; 1 for an accelerator). Default 1.
+      updater_per_learner_s: The updater's own cost per cycle for each learner of its host (taking in
+        that learner's gradients and statistics). Default 0.
       updater_queue: Once the learners fill the cores, the updater's own work per cycle also waits this
         fraction of one learner's device step (its computations queue behind the learners' on the shared
-        compute units; :func:`jaxsprint.perf.times.runtime_update_time_s`), one host. Default 0.
-      updater_queue_hosts: The same with several co-located hosts (processes), where each cycle's
-        all-reduce also waits for the slowest process's updater. Default 0.
+        compute units). Default 0.
+      updater_hosts_stretch: With several co-located hosts (processes of one machine), the updater's own
+        work takes ``1 + updater_hosts_stretch`` times as long (each cycle's all-reduce waits for the slower
+        process). Default 0.
+      updater_cores: Compute units an updater takes while it works (its busy fraction of the cycle), which
+        the learners then lack. Default 0.
       learner_cv: Coefficient of variation of a learner's cycle (the jitter of ``T_c``) in the model's
         distributions. Default 0.05.
       updater_cv: Coefficient of variation of the updater's cycle (``update_cv`` of
@@ -134,11 +137,12 @@ class Machine:
     updater_passes: jax.Array
     updater_overhead_s: jax.Array
     cores_per_node: jax.Array
-    learner_contention: jax.Array
     learner_overhead_s: jax.Array
-    updater_contention: jax.Array
+    learner_step_cores: jax.Array
+    updater_per_learner_s: jax.Array
     updater_queue: jax.Array
-    updater_queue_hosts: jax.Array
+    updater_hosts_stretch: jax.Array
+    updater_cores: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="machine")
@@ -180,15 +184,19 @@ _GPU_EFFICIENCY_SOURCES = {
 # gets these values, which leave the SPRINT model of separate accelerators unchanged (None: the
 # figure named instead, i.e. as many units as learners).
 RUNTIME_DEFAULTS: dict[str, float | str] = dict(
-    cores_per_node="gpus_per_node", learner_contention=1.0, learner_overhead_s=0.0, updater_contention=1.0,
-    updater_queue=0.0, updater_queue_hosts=0.0, learner_cv=0.05, updater_cv=0.0)
+    cores_per_node="gpus_per_node", learner_overhead_s=0.0, learner_step_cores=1.0, updater_per_learner_s=0.0,
+    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, learner_cv=0.05, updater_cv=0.0)
+# Runtime figures of an earlier form of the runtime model (a sharing exponent per cycle, a queue fraction for
+# several hosts): a preset file saved with them still loads, without them.
+RETIRED_FIELDS = ("learner_contention", "updater_contention", "updater_queue_hosts")
 _RUNTIME_DEFAULT_SOURCES = {
     "cores_per_node": "default: gpus_per_node (every learner has its own accelerator)",
-    "learner_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
     "learner_overhead_s": "default: 0 (host cost of a learner cycle not modelled)",
-    "updater_contention": "default: 1 (fair time-sharing; not used while learners <= cores_per_node)",
+    "learner_step_cores": "default: 1 (a step keeps one compute unit busy)",
+    "updater_per_learner_s": "default: 0 (the updater's cost does not grow with the learners)",
     "updater_queue": "default: 0 (the updater's work never waits for the learners')",
-    "updater_queue_hosts": "default: 0 (the updater's work never waits for the learners')",
+    "updater_hosts_stretch": "default: 0 (co-located hosts do not slow each other's updater)",
+    "updater_cores": "default: 0 (the updater takes no compute unit from the learners)",
     "learner_cv": "default: 0.05 (assumed compute jitter)",
     "updater_cv": "default: 0 (a deterministic updater cycle, the protocol's assumption)",
 }
@@ -209,8 +217,8 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
       ConfigError: a missing, unknown, non-finite or non-positive figure (zero allowed for overheads,
         cache-miss slowdowns, ``half_efficiency_batch`` and the two cvs, where it means "off").
     """
-    figures = dict(figures)
-    sources = dict(sources)
+    figures = {k: v for k, v in figures.items() if k not in RETIRED_FIELDS}
+    sources = {k: v for k, v in sources.items() if k not in RETIRED_FIELDS}
     for field, default in RUNTIME_DEFAULTS.items():
         if field not in figures:
             figures[field] = figures.get(default) if isinstance(default, str) else default
@@ -222,7 +230,7 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
         _check_field(field)
         allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
                       or field in ("half_efficiency_batch", "learner_cv", "updater_cv", "updater_queue",
-                                   "updater_queue_hosts"))
+                                   "updater_per_learner_s", "updater_hosts_stretch", "updater_cores"))
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -440,10 +448,10 @@ _RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the 
 # The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
 CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.7807, half_efficiency_batch=2.835, step_overhead_s=0.0003679,
-    learner_overhead_s=0.006494, learner_contention=1.265, updater_overhead_s=8.95e-06, updater_contention=2.603,
-    network_latency_s=0.0005515, network_bandwidth_bytes_per_s=999400000000.0,
-    learner_cv=0.2923, updater_cv=4.228)
+    efficiency_fwd=0.7805, half_efficiency_batch=2.855, step_overhead_s=0.0003648,
+    learner_overhead_s=0.003359, learner_step_cores=2.053, updater_overhead_s=1e-06, updater_per_learner_s=0.0003047,
+    updater_cores=0.6148, updater_queue=0.0001, network_latency_s=0.0005515,
+    network_bandwidth_bytes_per_s=995700000000000.0, learner_cv=0.2923, updater_cv=2.489)
 
 
 def _cpu_runtime() -> Machine:
@@ -520,5 +528,5 @@ def describe(machine: Machine) -> str:
 
 __all__ = ["CPU_CALIBRATION", "CPU_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION",
            "CPU_RUNTIME_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION_FILE", "CPU_RUNTIME_FITTED", "FIELDS",
-           "RUNTIME_DEFAULTS", "Machine", "PRESETS", "describe", "get",
+           "RETIRED_FIELDS", "RUNTIME_DEFAULTS", "Machine", "PRESETS", "describe", "get",
            "make_machine", "with_figures"]

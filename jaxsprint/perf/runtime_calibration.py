@@ -12,9 +12,10 @@ processes. :func:`fit_all` fits, in three stages, the figures of the runtime mod
    ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
    collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
    of its cycle.
-3. **Sharing and the updater** (:func:`fit_runtime`): ``learner_overhead_s``, ``learner_contention``,
-   ``updater_overhead_s``, ``updater_contention`` by least squares on the log-errors of both cycle means
-   of every run,
+3. **Sharing and the updater** (:func:`fit_runtime`): the figures of :data:`RUNTIME_FIELDS` (the learners'
+   host work and the compute units of a lone step; the updater's overhead, its cost per learner, the units
+   it takes while busy, its stretch on co-located hosts and its queue) by least squares on the log-errors of
+   both cycle means of every run,
 
    .. math::
        \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
@@ -22,7 +23,8 @@ processes. :func:`fit_all` fits, in three stages, the figures of the runtime mod
 
    in log parameters inside bounds (``log theta = lo + (hi - lo) sigmoid(u)``), by Levenberg-Marquardt
    (Gauss-Newton with an adaptive damping ``lambda``: ``(J^T J + lambda diag(J^T J)) du = -J^T r``; Nocedal and
-   Wright, *Numerical Optimization*, 2nd ed., sec. 10.3). Then the jitter: ``learner_cv`` is the median
+   Wright, *Numerical Optimization*, 2nd ed., sec. 10.3), from two starts (the machine's figures and
+   :data:`RUNTIME_START`), keeping the lower cost. Then the jitter: ``learner_cv`` is the median
    measured cv of ``T_c``; ``updater_cv`` the median of ``cv(T_u) T_u / own``, the cv of the updater's own
    work when the network part of its cycle is steady (the form :func:`~jaxsprint.perf.times.runtime_times`
    predicts with).
@@ -45,18 +47,25 @@ from jaxsprint.perf import machines, times
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RuntimeFit", "RuntimeRun",
-           "cross_validate", "fit_all", "fit_runtime", "predict_runs"]
+__all__ = ["COMPUTE_FIELDS", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+           "RUNTIME_START", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime", "predict_runs"]
 
 COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
-RUNTIME_FIELDS = ("learner_overhead_s", "learner_contention", "updater_overhead_s", "updater_contention",
-                  "updater_queue", "updater_queue_hosts")
-# Wide bounds of stage 3: overheads from 1 us to 1 s, exponents from 0.1 (sharing nearly free) to 4, queue
-# fractions from 1e-4 to 10 device steps per cycle.
-RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_contention": (0.1, 4.0),
-                  "updater_overhead_s": (1e-6, 1.0), "updater_contention": (0.1, 4.0),
-                  "updater_queue": (1e-4, 10.0), "updater_queue_hosts": (1e-4, 10.0)}
+RUNTIME_FIELDS = ("learner_overhead_s", "learner_step_cores", "updater_overhead_s", "updater_per_learner_s",
+                  "updater_cores", "updater_hosts_stretch", "updater_queue")
+# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner), a lone step on 1-4 compute units, an
+# updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions
+# from 1e-4 to 10 device steps per cycle.
+RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
+                  "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
+                  "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
+                  "updater_queue": (1e-4, 10.0)}
+# A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
+RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "updater_overhead_s": 1e-3,
+                 "updater_per_learner_s": 1e-3, "updater_cores": 0.3, "updater_hosts_stretch": 1.0,
+                 "updater_queue": 0.3}
+HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "step_overhead_s": (1e-6, 1.0)}
 
@@ -219,28 +228,37 @@ def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRu
 
     def jac(u):
         return _jacobian(jnp.asarray(u, jnp.float32), *args)
-    x0 = np.asarray([math.log(min(max(float(getattr(machine, f)), bounds[f][0]), bounds[f][1]))
-                     for f in fields])
-    frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
-    u = np.log(frac) - np.log1p(-frac)
-    r = np.asarray(residuals(u), np.float64)
-    cost, lam = float(r @ r), 1e-2
-    for _ in range(int(iterations)):
-        j = np.asarray(jac(u), np.float64)
-        jtj, g = j.T @ j, j.T @ r
-        step = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), g)
-        r_new = np.asarray(residuals(u + step), np.float64)
-        c_new = float(r_new @ r_new) if np.all(np.isfinite(r_new)) else math.inf
-        if c_new < cost:
-            u, r, lam = u + step, r_new, max(lam / 3.0, 1e-9)
-            if cost - c_new < 1e-12 * max(cost, 1e-30):
+    def start(values):
+        x0 = np.asarray([math.log(min(max(float(values(f)), bounds[f][0]), bounds[f][1])) for f in fields])
+        frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
+        return np.log(frac) - np.log1p(-frac)
+
+    def levenberg_marquardt(u):
+        r = np.asarray(residuals(u), np.float64)
+        cost, lam = (float(r @ r) if np.all(np.isfinite(r)) else math.inf), 1e-2
+        for _ in range(int(iterations)):
+            j = np.asarray(jac(u), np.float64)
+            jtj, g = j.T @ j, j.T @ r
+            step = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), g)
+            r_new = np.asarray(residuals(u + step), np.float64)
+            c_new = float(r_new @ r_new) if np.all(np.isfinite(r_new)) else math.inf
+            if c_new < cost:
+                u, r, lam = u + step, r_new, max(lam / 3.0, 1e-9)
+                if cost - c_new < 1e-12 * max(cost, 1e-30):
+                    cost = c_new
+                    break
                 cost = c_new
-                break
-            cost = c_new
-        else:
-            lam *= 4.0
-            if lam > 1e9:
-                break
+            else:
+                lam *= 4.0
+                if lam > 1e9:
+                    break
+        return cost, u, r
+
+    # Two starts, the machine's figures and RUNTIME_START (a figure at its default of 0 starts at its lower
+    # bound, where the form is flat in it and the descent can stall): the lower cost wins.
+    starts = [start(lambda f: getattr(machine, f)),
+              start(lambda f: RUNTIME_START.get(f, float(getattr(machine, f))))]
+    cost, u, r = min((levenberg_marquardt(u0) for u0 in starts), key=lambda t: t[0])
     fitted_machine = machine_of(u)
     fitted = {f: float(getattr(fitted_machine, f)) for f in fields}
     if fit_cvs:
@@ -284,7 +302,7 @@ def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[Runtim
         rest = runs[:i] + runs[i + 1:]
         f = list(RUNTIME_FIELDS if fields is None else fields)
         if not any(r.hosts > 1 for r in rest):
-            f = [x for x in f if x != "updater_queue_hosts"]
+            f = [x for x in f if x not in HOSTS_ONLY_FIELDS]
         out.append(fit_runtime(machine, network, rest, fields=f[:2 * len(rest)], co_located=co_located).machine)
     return out
 
@@ -331,8 +349,8 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
         m = m.replace(**{f: jnp.float32(r.fitted[f]) for f in fields})
         fitted.update({f: r.fitted[f] for f in fields})
         stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
-    fields = list(RUNTIME_FIELDS)[:2 * len(runs)]
-    res = fit_runtime(m, network, runs, fields=fields, co_located=co_located)
+    fields = [f for f in RUNTIME_FIELDS if any(r.hosts > 1 for r in runs) or f not in HOSTS_ONLY_FIELDS]
+    res = fit_runtime(m, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     fitted.update(res.fitted)
     stages["runtime"] = dict(fitted=res.fitted, loss=res.loss,
                              compute=calib.error_stats(res.compute_errors),

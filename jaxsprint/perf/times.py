@@ -20,28 +20,32 @@ pcie_bw`` (weights down, gradient up). The updater cycle:
 ``T_u = (gpus_per_node + passes) * 4P / host_bw + allreduce(4P, nodes) + t_overhead``.
 
 **The runtime on one machine** (:mod:`jaxsprint.runtime`: learner threads that may share cores, an updater
-thread per host on the same cores). The ``C`` compute units (``cores_per_node``) are shared by every learner
-(``N``, never idle: learners do not wait) and every updater while it works (a fraction ``beta`` of its
-cycle, the rest is the network's part); once the demand ``D = N + H beta`` (``H`` updaters on the cores)
-exceeds ``C``, both cycles stretch by a sharing factor with a fitted exponent:
+thread per host process). A closed network with two shared resources: each host process's interpreter lock
+(the learners' host work ``g`` per cycle, ``learner_overhead_s``, is serialised within a process) and the
+``C`` compute units (``cores_per_node``; a lone step keeps ``p`` of them busy, ``learner_step_cores``, and the
+``H`` co-located updaters take ``c_u`` each while they work, ``updater_cores``, for their busy fraction
+``beta`` of the cycle). The learner cycle is the smooth maximum (exponent ``k`` =
+:data:`RUNTIME_SHARPNESS`) of its three bounds:
 
 .. math::
-    T_c = \big(T_c(b) + t_{learner}\big)\,\max(1, D/C)^{a_c}, \qquad
-    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \\
-    t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + q\,u\,T_c(b)\big)\,\max(1, D/C)^{a_u},
-    \qquad \beta = t_{own} / T_u
+    T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
+    t_{lone} = T_c(b) + g, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
+    t_{cores} = \frac{N\,p\,T_c(b)}{C - H \beta c_u}, \\
+    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad
+    t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + c\,N_h + q\,u\,T_c(b)\big)
+              \big(1 + s_H [nodes > 1]\big), \quad \beta = t_{own} / T_u
 
-``T_c(b)`` the learner's device step above, ``t_learner`` its per-cycle host cost (weight fetch, hand-off into
-the node buffer, dispatch), ``N_h`` the learners of one host (whose gradients the updater swaps out), ``t_net``
-the runtime's emulated network time (``config.sprint.network_time_s``), the all-reduce the gloo (or NCCL) sum
-across the hosts (0 for one host). The queue term: once the learners alone fill the cores
-(``u = clip(N - C + 1, 0, 1)``), each of the updater's computations waits behind a learner's, about a fraction
-``q`` (``updater_queue``; ``updater_queue_hosts`` with several co-located hosts, whose all-reduce also waits for
-the slowest process) of one device step per cycle. ``beta`` is the fixed point of the two lines (solved by
-iteration: ``t_own`` grows with ``beta`` far more slowly than ``T_u``). ``N`` and ``H`` count every host's
-learners and updaters when the hosts are processes of one machine. With ``N + H <= C`` nothing changes (the
-exponents do not matter) and with ``q = 0`` and one unit per learner the form reduces to the SPRINT model of
-separate accelerators.
+``T_c(b)`` the learner's device step above, ``N_h`` the learners of one host (whose gradients its updater
+takes in, ``c = updater_per_learner_s`` each), ``N`` the learners on the cores (every host's when the hosts are
+processes of one machine), ``t_net`` the runtime's emulated network time (``config.sprint.network_time_s``),
+the all-reduce the gloo (or NCCL) sum across the hosts (0 for one host). The queue term: once the learners
+alone fill the cores (``u = clip(N - C + 1, 0, 1)``), the updater's work also waits about a fraction ``q``
+(``updater_queue``) of one device step per cycle. With several co-located hosts the updater's own work
+stretches by ``1 + s_H`` (``updater_hosts_stretch``: each all-reduce waits for the slower process). The
+interpreter lock's bound counts the updater's hold as half its busy fraction. The form was chosen from
+measured runs of the runtime (``experiments/screen_runtime_forms.py``, ``docs/sprint-runtime.md``); with
+``g = c = q = s_H = c_u = 0`` and ``p = 1`` the learner's cycle is the smooth maximum of ``T_c(b)`` and
+``N T_c(b) / C`` (at most ``2^{1/k}`` above the larger, at ``N = C``) and the updater's the SPRINT model's.
 """
 from __future__ import annotations
 
@@ -57,12 +61,12 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import (BYTES_PER_VALUE, KIND_CONV, KIND_DENSE, KIND_MAXPOOL, KIND_NORM, KIND_XLA,
                                      NetworkCost)
 
-__all__ = ["RuntimeTimes", "SMOOTH_MAX_EPS", "compute_time_s", "device_step_time_s", "layer_times_s",
-           "max_sub_batch", "memory_bytes", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s",
-           "sharing_slowdown", "smooth_max", "update_time_s"]
+__all__ = ["RUNTIME_SHARPNESS", "RuntimeTimes", "SMOOTH_MAX_EPS", "compute_time_s", "device_step_time_s",
+           "layer_times_s", "max_sub_batch", "memory_bytes", "runtime_compute_time_s", "runtime_times",
+           "runtime_update_time_s", "smooth_max", "update_time_s"]
 
 SMOOTH_MAX_EPS = 0.05  # relative width of the roofline's smooth corner
-RUNTIME_FIXED_POINT_STEPS = 12  # iterations of the updater's busy fraction (runtime_times)
+RUNTIME_SHARPNESS = 8.0  # exponent of the smooth maximum of the learner cycle's three bounds (runtime_times)
 
 
 def smooth_max(a: jax.Array, b: jax.Array, eps: float = SMOOTH_MAX_EPS) -> jax.Array:
@@ -274,53 +278,50 @@ def max_sub_batch(network: NetworkCost, machine: Machine) -> int:
 
 
 
-def sharing_slowdown(learners: jax.Array, cores: jax.Array, contention: jax.Array) -> jax.Array:
-    """``max(1, N / C)^a``: how much longer a cycle takes when ``N`` threads share ``C`` compute units.
-
-    With ``a = 1`` each of ``N > C`` threads gets ``C / N`` of a unit (fair time-sharing); ``a > 1`` adds the
-    cost of sharing itself (caches, scheduling, the interpreter lock), ``a < 1`` says one thread alone left
-    the unit partly idle. Smooth in ``a`` and ``C``; 1 for ``N <= C``.
-    """
-    ratio = jnp.asarray(learners, jnp.float32) / jnp.asarray(cores, jnp.float32)
-    return jnp.maximum(1.0, ratio) ** contention
-
-
 def runtime_compute_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
-                           learners: jax.Array, cores: jax.Array | None = None,
-                           updater_demand: jax.Array = 0.0) -> jax.Array:
-    """Learner cycle ``T_c`` of the runtime: ``(T_c(b) + t_learner) max(1, D / C)^a_c`` (module docstring).
+                           learners: jax.Array, *, learners_per_host: jax.Array | None = None,
+                           cores: jax.Array | None = None, updater_demand: jax.Array = 0.0,
+                           updater_busy: jax.Array = 0.0) -> jax.Array:
+    """Learner cycle ``T_c`` of the runtime: the smooth maximum of its three bounds (module docstring).
 
     Args:
       network: Cost table of the learners' network.
-      machine: Machine (``learner_overhead_s``, ``learner_contention``, ``cores_per_node``).
+      machine: Machine (``learner_overhead_s``, ``learner_step_cores``, ``cores_per_node``).
       sub_batch: Samples per learner gradient.
       learners: ``N``, the learner threads sharing the cores (every host's when the hosts are processes
         of one machine).
+      learners_per_host: ``N_h``, the learners of one process, which share its interpreter lock (default
+        ``learners``).
       cores: ``C`` (default: the machine's ``cores_per_node``).
-      updater_demand: ``H beta``, the cores the updaters take on average (0: they are not counted).
+      updater_demand: ``H beta c_u``, the compute units the updaters take on average (0: none).
+      updater_busy: ``beta``, the busy fraction of one host's updater (its share of the lock).
 
     Returns:
       Seconds.
     """
     c = machine.cores_per_node if cores is None else cores
-    one = compute_time_s(network, machine, sub_batch, gpus_per_node=learners) + machine.learner_overhead_s
-    demand = jnp.asarray(learners, jnp.float32) + updater_demand
-    return one * sharing_slowdown(demand, c, machine.learner_contention)
+    n = jnp.asarray(learners, jnp.float32)
+    n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
+    step = compute_time_s(network, machine, sub_batch, gpus_per_node=n)
+    g = machine.learner_overhead_s
+    lone = step + g
+    lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
+    units = n * machine.learner_step_cores * step / jnp.maximum(1e-3, c - updater_demand)
+    k = RUNTIME_SHARPNESS
+    top = jnp.maximum(jnp.maximum(lone, lock), units)  # scaled, so that the powers stay in float32 range
+    return top * ((lone / top) ** k + (lock / top) ** k + (units / top) ** k) ** (1.0 / k)
 
 
 def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Array, learners: jax.Array,
                           network_time_s: jax.Array = 0.0, *, sharing_learners: jax.Array | None = None,
                           cores: jax.Array | None = None, algorithm: str = "ring", sub_batch: jax.Array | None = None,
-                          updater_demand: jax.Array = 0.0) -> jax.Array:
-    """Updater cycle ``T_u`` of the runtime (module docstring).
-
-    ``((learners + updater_passes) 4P / host_bw + updater_overhead_s + q u T_c(b)) max(1, D / C)^a_u
-    + network_time_s + allreduce(4P, nodes)``, ``D = N + updater_demand``.
+                          co_located: bool = True) -> jax.Array:
+    """Updater cycle ``T_u`` of the runtime (module docstring): its own work, the emulated network, the all-reduce.
 
     Args:
       network: Cost table (only the parameter count matters, and the device step for the queue term).
-      machine: Machine (host bandwidth, ``updater_overhead_s``, ``updater_contention``, ``updater_queue``
-        (``updater_queue_hosts`` when ``nodes > 1``), network figures).
+      machine: Machine (host bandwidth, ``updater_overhead_s``, ``updater_per_learner_s``, ``updater_queue``,
+        ``updater_hosts_stretch``, network figures).
       nodes: Hosts all-reducing every cycle (1: no all-reduce).
       learners: Learners of one host (the gradients its updater takes in).
       network_time_s: The runtime's emulated network time added to every cycle.
@@ -329,31 +330,31 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Arr
       cores: ``C`` (default: the machine's ``cores_per_node``).
       algorithm: Inter-node all-reduce, one of :data:`jaxsprint.perf.collectives.ALGORITHMS`.
       sub_batch: The learners' sub-batch, for the queue term (None: no queue term).
-      updater_demand: ``H beta``, the cores the updaters take on average.
+      co_located: The hosts are processes of one machine (their updaters stretch by ``1 + s_H``).
 
     Returns:
       Seconds.
     """
-    t_own, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s,
-                                          sharing_learners, cores, algorithm, sub_batch, updater_demand)
+    t_own, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners,
+                                          cores, algorithm, sub_batch, co_located)
     return t_own + t_wait
 
 
 def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
-                          sub_batch=None, updater_demand=0.0):
+                          sub_batch=None, co_located=True):
     """``(the updater's own work, the network's part)`` of :func:`runtime_update_time_s`."""
     c = machine.cores_per_node if cores is None else cores
     n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
+    h = jnp.asarray(nodes, jnp.float32)
     param_bytes = BYTES_PER_VALUE * network.total_params
     t_host = (g + machine.updater_passes) * param_bytes / machine.host_memory_bandwidth_bytes_per_s
     t_queue = 0.0
     if sub_batch is not None:
         full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
-        q = jnp.where(jnp.asarray(nodes, jnp.float32) > 1, machine.updater_queue_hosts, machine.updater_queue)
-        t_queue = q * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
-    t_own = (t_host + machine.updater_overhead_s + t_queue) * sharing_slowdown(n + updater_demand, c,
-                                                                               machine.updater_contention)
+        t_queue = machine.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
+    stretch = 1.0 + jnp.where(h > 1, machine.updater_hosts_stretch, 0.0) if co_located else 1.0
+    t_own = (t_host + machine.updater_overhead_s + machine.updater_per_learner_s * g + t_queue) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
     return t_own, t_net + jnp.asarray(network_time_s, jnp.float32)
@@ -396,18 +397,10 @@ def runtime_times(network: NetworkCost, machine: Machine, *, learners_per_host: 
     h = jnp.asarray(hosts, jnp.float32)
     sharing = per_host * h if co_located else per_host
     updaters = h if co_located else jnp.float32(1.0)
-
-    def parts(beta):
-        return _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None, algorithm,
-                                     sub_batch, updaters * beta)
-
-    # beta = t_own / T_u by fixed-point iteration from 1 (a busy updater); a few steps reach float32 rounding
-    # because t_own changes with beta only through the sharing factor.
-    beta = jnp.float32(1.0)
-    for _ in range(RUNTIME_FIXED_POINT_STEPS):
-        t_own, t_wait = parts(beta)
-        beta = t_own / (t_own + t_wait)
-    t_own, t_wait = parts(beta)
+    t_own, t_wait = _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None,
+                                          algorithm, sub_batch, co_located)
     t_u = t_own + t_wait
-    t_c = runtime_compute_time_s(network, machine, sub_batch, sharing, updater_demand=updaters * beta)
+    beta = t_own / t_u
+    t_c = runtime_compute_time_s(network, machine, sub_batch, sharing, learners_per_host=per_host,
+                                 updater_demand=updaters * beta * machine.updater_cores, updater_busy=beta)
     return RuntimeTimes(t_c, t_u, jnp.asarray(machine.learner_cv, jnp.float32), machine.updater_cv * t_own / t_u)
