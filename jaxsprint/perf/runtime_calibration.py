@@ -284,6 +284,12 @@ def _fit_cvs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun],
     return machine.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
 
 
+def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
+    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts (nothing would constrain them)."""
+    several = any(r.hosts > 1 for r in runs)
+    return [f for f in fields if several or f not in HOSTS_ONLY_FIELDS]
+
+
 def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
                    fields: Sequence[str] | None = None, co_located: bool = True) -> list[Machine]:
     """Leave-one-out: for every run, the machine fitted (:func:`fit_runtime`) to all the OTHER runs.
@@ -300,9 +306,7 @@ def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[Runtim
     out = []
     for i in range(len(runs)):
         rest = runs[:i] + runs[i + 1:]
-        f = list(RUNTIME_FIELDS if fields is None else fields)
-        if not any(r.hosts > 1 for r in rest):
-            f = [x for x in f if x not in HOSTS_ONLY_FIELDS]
+        f = _constrained(RUNTIME_FIELDS if fields is None else fields, rest)
         out.append(fit_runtime(machine, network, rest, fields=f[:2 * len(rest)], co_located=co_located).machine)
     return out
 
@@ -349,7 +353,7 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
         m = m.replace(**{f: jnp.float32(r.fitted[f]) for f in fields})
         fitted.update({f: r.fitted[f] for f in fields})
         stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
-    fields = [f for f in RUNTIME_FIELDS if any(r.hosts > 1 for r in runs) or f not in HOSTS_ONLY_FIELDS]
+    fields = _constrained(RUNTIME_FIELDS, runs)
     res = fit_runtime(m, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     fitted.update(res.fitted)
     stages["runtime"] = dict(fitted=res.fitted, loss=res.loss,

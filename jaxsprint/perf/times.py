@@ -353,7 +353,7 @@ def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sha
     if sub_batch is not None:
         full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
         t_queue = machine.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
-    stretch = 1.0 + jnp.where(h > 1, machine.updater_hosts_stretch, 0.0) if co_located else 1.0
+    stretch = (1.0 + jnp.where(h > 1, machine.updater_hosts_stretch, 0.0)) if co_located else 1.0
     t_own = (t_host + machine.updater_overhead_s + machine.updater_per_learner_s * g + t_queue) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)

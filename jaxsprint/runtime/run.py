@@ -85,8 +85,9 @@ def validate_config(config, num_local_devices: int) -> None:
     """Checks a SPRINT config (``experiments/configs/sprint.py``); reads and writes nothing.
 
     Checks the data, model, CPU-switch and optimizer fields as training does, ``polish.mode`` (``none`` or
-    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``devices`` (None or 1..local devices), ``updater_device`` (``shared``, or ``own`` with ``devices`` below the local devices), ``sub_batch``
-    (an integer >= 1, at most the training-set share of a host for the built-in datasets), ``network_time_s``
+    ``recompute``), and ``config.sprint``: ``learners_per_host`` (None or an integer >= 1), ``devices`` (None or
+    1..local devices), ``updater_device`` (``shared``, or ``own`` with ``devices`` below the local devices),
+    ``sub_batch`` (an integer >= 1, at most the training-set share of a host for the built-in datasets), ``network_time_s``
     and ``warmup_s`` (finite, >= 0), ``lockstep`` (bool), ``duration_s`` / ``num_updates`` / ``num_epochs``
     (each >= 0, at least one > 0), ``eval_every_updates`` and ``schedule_updates`` (integers >= 0 / >= 1),
     ``eval_deferred`` (bool; True needs ``num_updates`` > 0, so that the kept weights are bounded),
@@ -300,6 +301,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     num_hosts, host = jax.process_count(), jax.process_index()
     lph = s.learners_per_host or len(local)
     learner_devices = local[:s.get("devices") or len(local)]
+    placed = [learner_devices[j % len(learner_devices)] for j in range(lph)]  # learner j's device (round-robin)
     own = s.get("updater_device", "shared") == "own"
     col = collective_lib.HostCollective(last_device=own) if num_hosts > 1 else None
     device = col.device if col is not None else local[-1 if own else 0]
@@ -318,7 +320,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     data = SubBatches(b.dataset.train, seed=s.seed, sub_batch=s.sub_batch, host=host, num_hosts=num_hosts)
     t0 = [0.0]
     clock = lambda: time.perf_counter() - t0[0]  # noqa: E731
-    learners = [Learner(index=host * lph + j, host=host, device=learner_devices[j % len(learner_devices)],
+    learners = [Learner(index=host * lph + j, host=host, device=placed[j],
                         gradient_fn=b.grad_fn, data=data, buffer=buffer, published=published, control=control, clock=clock,
                         lockstep=s.lockstep, time_fn=learner_time_fn) for j in range(lph)]
     example = b.dataset.train.get_batch(data.indices(0))
@@ -387,8 +389,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
                        gradients=gradients, in_flight=n_flight, wall_s=float(updater.t_stop),
                        process_index=host, num_processes=num_hosts, batch_stats_flat=stats_flat,
                        eval_polished=polished, eval_history=history, updater_device_id=int(device.id),
-                       learner_device_ids=tuple(int(learner_devices[j % len(learner_devices)].id)
-                                                for j in range(lph)))
+                       learner_device_ids=tuple(int(d.id) for d in placed))
     if host == 0:
         os.makedirs(workdir, exist_ok=True)
         np.savez(os.path.join(workdir, "events.npz"), **events)
