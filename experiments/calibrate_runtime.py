@@ -4,7 +4,9 @@ r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` p
   python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only   # refit stored data
 
 The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machine at hand):
-  1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``;
+  1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``, every
+     sample kept (the fit takes their mean), and the cores that step keeps busy (process CPU time over wall
+     time, in this process of 8 devices: a runtime process has several);
   2. runtime runs (``runtime.run``, one host) for every learner count of ``--learners`` and emulated network
      time of ``--network_times`` at ``--run_sub_batch``, each ``--duration_s`` long; their measured cycle
      means and cvs after the warm-up (``runtime.events.statistics``);
@@ -38,6 +40,8 @@ _RUN_SUB_BATCH = flags.DEFINE_integer("run_sub_batch", 32, "Sub-batch of the run
 _DURATION = flags.DEFINE_float("duration_s", 8.0, "Length of each runtime run (s).")
 _WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Start-up transient left out of each run (s).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of the single-learner timing.")
+_STEP_TIME = flags.DEFINE_float("step_time_s", 1.0, "Seconds of each sub-batch's steps per round (and of its "
+                                "cores measurement).")
 _ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
 
 FORMAT = "jaxsprint-runtime-calibration-1"
@@ -68,8 +72,15 @@ def measure(config, sub_batches, learners, network_times, log=print):
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
-    steps = timing.measure_gradient_steps(config, sub_batches, rounds=_ROUNDS.value, log=log)
-    gradient_steps = [dict(sub_batch=b, measured_s=t, samples=s) for b, (t, s) in zip(sub_batches, steps)]
+    steps = timing.measure_gradient_steps(config, sub_batches, rounds=_ROUNDS.value, min_time_s=_STEP_TIME.value,
+                                          log=log)
+    gradient_steps = [dict(sub_batch=b, measured_s=t, mean_s=float(sum(s) / len(s)), samples=s)
+                      for b, (t, s) in zip(sub_batches, steps)]
+    cores = timing.measure_gradient_cores(config, sub_batches, min_time_s=_STEP_TIME.value)
+    step_cores = [dict(sub_batch=b, cores=c) for b, c in zip(sub_batches, cores)]
+    log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
+                                  f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
+                                  for g, c in zip(gradient_steps, step_cores)))
     runs = []
     for n in learners:
         for nt in network_times:
@@ -96,7 +107,7 @@ def measure(config, sub_batches, learners, network_times, log=print):
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
         for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
-    return dict(gradient_steps=gradient_steps, runs=runs, allreduces=allreduces)
+    return dict(gradient_steps=gradient_steps, step_cores=step_cores, runs=runs, allreduces=allreduces)
 
 
 def fit(config, measurements):
@@ -104,13 +115,17 @@ def fit(config, measurements):
     from jaxsprint import timing
     from jaxsprint.perf import calibrate, machines, runtime_calibration
 
+    import numpy as np
+
     net = timing.runtime_network(config)
-    steps = [calibrate.StepTiming(net, int(s["sub_batch"]), float(s["measured_s"]), 0.0, f"gradient b{s['sub_batch']}")
-             for s in measurements["gradient_steps"]]
+    steps = [calibrate.StepTiming(net, int(s["sub_batch"]), runtime_calibration.gradient_step_seconds(s), 0.0,
+                                  f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
+    cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [calibrate.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
     runs = [runtime_calibration.RuntimeRun.from_record(r) for r in measurements["runs"]]
-    result = runtime_calibration.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs)
+    result = runtime_calibration.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
+                                         step_cores=float(np.median(cores)) if cores else None)
     return result
 
 
@@ -142,6 +157,7 @@ def main(argv):
         network_times = _numbers("network_times", _NETWORK_TIMES.value, float, 0.0)
         check(_DURATION.value > _WARMUP.value >= 0, "--duration_s", _DURATION.value,
               f"longer than --warmup_s={_WARMUP.value} (which is >= 0)")
+        check(_STEP_TIME.value > 0, "--step_time_s", _STEP_TIME.value, "a number > 0")
         from jaxsprint import runtime
 
         import copy

@@ -2,7 +2,7 @@ r"""Screen a bottleneck form of the runtime's cycle times, leave one out, on the
 
 A screening tool, not the library's model: it reads the measured cycle means of the saved grid
 (``docs/runtime-validation/results.json``) and the single-learner step times of the calibration
-(``docs/runtime-calibration.json``), fits the form below to every run but one (scipy ``least_squares`` on the
+(``docs/runtime-calibration.json``; each the mean of its samples, as the calibration takes it), fits the form below to every run but one (scipy ``least_squares`` on the
 log errors of ``T_c`` and ``T_u``) and predicts the one left out, as
 :func:`jaxsprint.perf.runtime_calibration.cross_validate` does for :mod:`jaxsprint.perf.times`. The errors it
 prints are those of the cycle means; the epoch time's error is ``T_c``'s and the mean mini-batch's is
@@ -39,6 +39,7 @@ from absl import flags
 
 from jaxsprint import cli
 from jaxsprint.errors import check
+from jaxsprint.perf import runtime_calibration
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -88,7 +89,7 @@ def load_runs(results: str, calibration: str) -> list[dict]:
     for name, path in (("--results", results), ("--calibration", calibration)):
         check(os.path.isfile(path), name, path, "an existing JSON file")
     with open(calibration) as fh:
-        steps = {int(s["sub_batch"]): float(s["measured_s"])
+        steps = {int(s["sub_batch"]): runtime_calibration.gradient_step_seconds(s)
                  for s in json.load(fh)["measurements"]["gradient_steps"]}
     with open(results) as fh:
         grid = json.load(fh)["runs"]

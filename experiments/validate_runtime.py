@@ -17,10 +17,11 @@ percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet 
 the cores with everything else.
 
 The specs prediction (``--specs``): ``loo`` (the default) predicts each run with the --machine preset whose
-runtime figures (:data:`jaxsprint.perf.runtime_calibration.RUNTIME_FIELDS`: learner overhead and sharing,
-updater overhead, sharing and queue) are refitted to the measured cycle means of the OTHER runs of the grid
-(leave one out, :func:`jaxsprint.perf.runtime_calibration.cross_validate`; the compute and network figures stay
-the preset's); ``preset`` uses the preset as it is.
+runtime figures (:data:`jaxsprint.perf.runtime_calibration.RUNTIME_FIELDS`: the learners' host work, the
+updater's overhead, per-learner cost, cores, two-host stretch and queue) are refitted to the measured cycle means
+of the OTHER runs of the grid (leave one out, :func:`jaxsprint.perf.runtime_calibration.cross_validate`; the
+compute and network figures and the measured cores of a lone step stay the preset's); ``preset`` uses the
+preset as it is.
 
 ``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out, recomputes both
 predictions with the current model and preset (the specs one from --config with the overrides saved in

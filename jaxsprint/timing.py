@@ -10,7 +10,8 @@ stack, while timing a step needs the project's models and train step (:mod:`jaxs
 * :func:`runtime_network`: the cost table of a SPRINT config's network (what the ``cpu_runtime`` preset is
   calibrated on and predicts with).
 * :func:`measure_gradient_steps`: wall seconds of one runtime learner's gradient (the runtime's own jitted
-  gradient function, result copied to the host) at several sub-batches.
+  gradient function, result copied to the host) at several sub-batches; :func:`measure_gradient_cores`: the
+  cores that gradient keeps busy (process CPU time over wall time).
 * :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
   :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
 """
@@ -32,7 +33,8 @@ from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.perf.calibrate import AllreduceTiming
 
-__all__ = ["measure_allreduce", "measure_gradient_steps", "measure_train_steps", "runtime_network"]
+__all__ = ["measure_allreduce", "measure_gradient_cores", "measure_gradient_steps", "measure_train_steps",
+           "runtime_network"]
 
 
 def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
@@ -130,31 +132,8 @@ def runtime_network(config):
     return networks.from_flax(model, shape, name=config.model, apply_kwargs={"train": True})
 
 
-def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.2,
-                           min_reps: int = 3, log: Callable[[str], object] | None = None
-                           ) -> list[tuple[float, list[float]]]:
-    """Wall seconds of one runtime learner's gradient at each sub-batch, alone on one device.
-
-    The runtime's own gradient function (:func:`jaxsprint.runtime.learner.make_gradient_fn`: augmentation,
-    forward and backward of ``config.model``, BatchNorm over the sub-batch), jitted with the CPU switch of
-    ``config.cpu_kernels``, its result copied to the host as a learner does. Rounds are interleaved over the
-    sub-batches and each keeps its best round's median (see :func:`measure_train_steps`). Wall time, not CPU
-    time: a learner's cycle is wall time, and one learner alone may use several cores.
-
-    Args:
-      config: A SPRINT config (``experiments/configs/sprint.py``): model, data, image size, CPU kernels.
-      sub_batches: Sub-batch sizes.
-      rounds, min_time_s, min_reps: As :func:`measure_train_steps`.
-      log: Optional ``print``-like callable for progress lines.
-
-    Returns:
-      ``[(seconds, all samples)]`` in the order of ``sub_batches``.
-
-    Raises:
-      ConfigError: ``rounds`` or ``min_reps`` below 1, a sub-batch below 1 or above the training set.
-    """
-    check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
-    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], float]]:
+    """One ``once() -> wall seconds`` per sub-batch: the runtime learner's jitted gradient, result to the host."""
     from jax.flatten_util import ravel_pytree
 
     from jaxsprint import cpu, data, models
@@ -189,9 +168,65 @@ def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 
 
         once(), once()  # compile, warm up
         runners.append(once)
-        if log:
-            log(f"compiled the gradient at sub-batch {b}")
+    return runners
+
+
+def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.2,
+                           min_reps: int = 3, log: Callable[[str], object] | None = None
+                           ) -> list[tuple[float, list[float]]]:
+    """Wall seconds of one runtime learner's gradient at each sub-batch, alone on one device.
+
+    The runtime's own gradient function (:func:`jaxsprint.runtime.learner.make_gradient_fn`: augmentation,
+    forward and backward of ``config.model``, BatchNorm over the sub-batch), jitted with the CPU switch of
+    ``config.cpu_kernels``, its result copied to the host as a learner does. Rounds are interleaved over the
+    sub-batches and each keeps its best round's median (see :func:`measure_train_steps`); every sample is
+    returned too (a learner's MEAN cycle is made of all of them: the runtime calibration fits their mean).
+    Wall time, not CPU time: a learner's cycle is wall time, and one learner alone may use several cores
+    (:func:`measure_gradient_cores`).
+
+    Args:
+      config: A SPRINT config (``experiments/configs/sprint.py``): model, data, image size, CPU kernels.
+      sub_batches: Sub-batch sizes.
+      rounds, min_time_s, min_reps: As :func:`measure_train_steps`.
+      log: Optional ``print``-like callable for progress lines.
+
+    Returns:
+      ``[(seconds, all samples)]`` in the order of ``sub_batches``.
+
+    Raises:
+      ConfigError: ``rounds`` or ``min_reps`` below 1, a sub-batch below 1 or above the training set.
+    """
+    check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    runners = _gradient_runner(config, sub_batches)
+    if log:
+        log(f"compiled the gradient at sub-batches {list(sub_batches)}")
     return _interleaved_rounds(runners, rounds=rounds, min_time_s=min_time_s, min_reps=min_reps, log=log)
+
+
+def measure_gradient_cores(config, sub_batches: Sequence[int], *, min_time_s: float = 1.0, min_reps: int = 3
+                           ) -> list[float]:
+    """Cores one runtime learner's gradient keeps busy when it runs alone: process CPU time over wall time.
+
+    One thread computes the gradient of :func:`measure_gradient_steps` back to back for at least
+    ``min_time_s`` and ``min_reps`` steps per sub-batch; the process's CPU seconds over the wall seconds are
+    the compute units that step occupies (the ``learner_step_cores`` figure of the runtime model). XLA's CPU
+    client runs a program on one thread when the process has several devices (as a runtime process with a
+    learner per device has) and spreads it over the cores when it has one, so time it in a process with as
+    many devices as the runtime's.
+
+    Raises:
+      ConfigError: ``min_reps`` below 1, a sub-batch below 1 or above the training set.
+    """
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    out = []
+    for once in _gradient_runner(config, sub_batches):
+        reps, cpu0, wall0 = 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - wall0 < min_time_s or reps < min_reps:
+            once()
+            reps += 1
+        out.append((time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9))
+    return out
 
 
 # One rank of the all-reduce timing, run as `python -c _WORKER '<json args>'` in its own process.

@@ -13,6 +13,8 @@ NET = zoo.get("resnet8")
 TRUE = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=2e-3, learner_step_cores=1.6,
                        updater_overhead_s=4e-4, updater_per_learner_s=8e-4, updater_cores=0.3,
                        updater_hosts_stretch=1.5, updater_queue=0.3, learner_cv=0.25, updater_cv=1.5)
+# Where the fits start: the preset with TRUE's lone-step cores, the one runtime figure measured, not fitted.
+START = mc.with_figures(mc.get("cpu_runtime"), learner_step_cores=float(TRUE.learner_step_cores))
 CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0, 0.02)] + [
     (2, 2, 32, 0.0), (1, 2, 16, 0.02), (4, 2, 32, 0.02)]
 
@@ -30,7 +32,8 @@ def _true_runs():
 
 
 def test_fit_runtime_recovers_the_figures_that_made_the_runs():
-    r = rc.fit_runtime(mc.get("cpu_runtime"), NET, list(_true_runs()))
+    r = rc.fit_runtime(START, NET, list(_true_runs()))
+    assert rc.STEP_CORES_FIELD not in rc.RUNTIME_FIELDS and rc.STEP_CORES_FIELD not in r.fitted
     for f in rc.RUNTIME_FIELDS + ("learner_cv", "updater_cv"):
         assert r.fitted[f] == pytest.approx(float(getattr(TRUE, f)), rel=1e-3), f
         assert float(getattr(r.machine, f)) == pytest.approx(r.fitted[f], rel=1e-6)
@@ -50,11 +53,17 @@ def test_predict_runs_is_runtime_times_per_run():
 
 def test_fit_all_stages_and_a_subset_keeps_the_rest():
     steps = [calibrate.StepTiming(NET, b, float(times.compute_time_s(NET, TRUE, b, 1)), 0.0) for b in (8, 32, 128)]
-    r = rc.fit_all(mc.get("cpu_runtime"), NET, steps=steps, runs=list(_true_runs()))
-    assert set(rc.COMPUTE_FIELDS + rc.RUNTIME_FIELDS) <= set(r.fitted)
+    # The preset's own lone-step cores differ from TRUE's: the measured value given as step_cores is taken as is.
+    assert float(mc.get("cpu_runtime").learner_step_cores) != pytest.approx(1.6, rel=0.05)
+    r = rc.fit_all(mc.get("cpu_runtime"), NET, steps=steps, runs=list(_true_runs()), step_cores=1.6)
+    assert set(rc.COMPUTE_FIELDS + rc.RUNTIME_FIELDS + (rc.STEP_CORES_FIELD,)) <= set(r.fitted)
+    assert r.fitted[rc.STEP_CORES_FIELD] == 1.6 and float(r.machine.learner_step_cores) == pytest.approx(1.6)
     assert r.fitted["efficiency_bwd_data"] == r.fitted["efficiency_fwd"]  # tied
     assert r.summary()["update"]["median_abs_error"] < 0.01
-    assert set(r.stages) == {"compute", "runtime"}
+    assert set(r.stages) == {"step_cores", "compute", "runtime"}
+    assert r.summary()["compute"]["median_abs_error"] < 0.01  # stage 1 is near-exact, so the runs are reproduced
+    with raises_invalid("step_cores", 0.0, "a finite number > 0"):
+        rc.fit_all(mc.get("cpu_runtime"), NET, runs=list(_true_runs()), step_cores=0.0)
     start = mc.get("cpu_runtime")
     sub = rc.fit_runtime(start, NET, list(_true_runs()), fields=["learner_step_cores"], fit_cvs=False)
     assert set(sub.fitted) == {"learner_step_cores"}
@@ -81,7 +90,7 @@ def test_cross_validate_fits_each_run_without_it():
     runs = [every[i] for i in (0, 1, 3, 4, 7, -3, -2, -1)]
     bad = 2                                                    # (1, 1, 32, 0.02)
     runs[bad] = rc.RuntimeRun(**{**runs[bad].__dict__, "t_compute_s": runs[bad].t_compute_s * 1.3})
-    fits = rc.cross_validate(mc.get("cpu_runtime"), NET, runs)
+    fits = rc.cross_validate(START, NET, runs)
     assert len(fits) == len(runs)
     held = rc.predict_runs(fits[bad], NET, [runs[bad]])
     truth = rc.predict_runs(TRUE, NET, [runs[bad]])
@@ -89,4 +98,11 @@ def test_cross_validate_fits_each_run_without_it():
     other = rc.predict_runs(fits[0], NET, [runs[0]])
     assert abs(float(other.t_compute_s[0]) / runs[0].t_compute_s - 1) > 1e-3  # the altered run pulled this fit
     with raises_invalid("runs", 1, "at least 2 measured runs"):
-        rc.cross_validate(mc.get("cpu_runtime"), NET, runs[:1])
+        rc.cross_validate(START, NET, runs[:1])
+
+
+def test_a_stored_step_stands_for_the_mean_of_its_samples():
+    """A learner's mean cycle is made of every step, the slow ones too: the record's mean, not its median."""
+    rec = dict(sub_batch=8, measured_s=2e-3, samples=[2e-3, 2e-3, 2e-3, 8e-3])
+    assert rc.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
+    assert rc.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples

@@ -1,6 +1,7 @@
 """Tests of jaxsprint.timing: a real (tiny) all-reduce over 2 local processes and a real train step, checked
 for structure and positivity only (never for speed), and the errors that name the setting."""
 import math
+import os
 
 import pytest
 
@@ -59,3 +60,8 @@ def test_gradient_steps_of_the_runtime_learner_and_its_network():
     assert int(net.total_params) > 0 and float(net.fwd_flops.sum()) > 0
     with raises_invalid("sub_batches", 0, "integers in 1.."):
         timing.measure_gradient_steps(_sprint_config(), [0])
+    cores = timing.measure_gradient_cores(_sprint_config(), [2, 4], min_time_s=0.05)
+    # CPU seconds per wall second of one busy thread: above 0, never above the machine's cores.
+    assert len(cores) == 2 and all(0 < c <= 1.05 * os.cpu_count() for c in cores)
+    with raises_invalid("min_reps", 0, "an integer >= 1"):
+        timing.measure_gradient_cores(_sprint_config(), [2], min_reps=0)

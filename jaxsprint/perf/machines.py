@@ -85,8 +85,8 @@ class Machine:
       learner_overhead_s: Per-cycle host cost of one learner besides its device step (the weight fetch,
         the gradient's hand-off into the node buffer, Python dispatch), done under the host process's
         interpreter lock: the learners of one process do it one at a time. Default 0.
-      learner_step_cores: Compute units one learner's device step keeps busy when it runs alone (a CPU
-        step spreads over more than one core; 1 for an accelerator). Default 1.
+      learner_step_cores: Compute units one learner's device step keeps busy when it runs alone (process CPU
+        time over wall time; a CPU step may spread over more than one core; 1 for an accelerator). Default 1.
       updater_per_learner_s: The updater's own cost per cycle for each learner of its host (taking in
         that learner's gradients and statistics). Default 0.
       updater_queue: Once the learners fill the cores, the updater's own work per cycle also waits this
@@ -448,10 +448,10 @@ _RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the 
 # The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
 CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.7805, half_efficiency_batch=2.855, step_overhead_s=0.0003648,
-    learner_overhead_s=0.003359, learner_step_cores=2.053, updater_overhead_s=1e-06, updater_per_learner_s=0.0003047,
-    updater_cores=0.6148, updater_queue=0.0001, network_latency_s=0.0005515,
-    network_bandwidth_bytes_per_s=995700000000000.0, learner_cv=0.2923, updater_cv=2.489)
+    efficiency_fwd=0.6026, half_efficiency_batch=2.26, step_overhead_s=1.762e-06,
+    learner_overhead_s=0.002394, learner_step_cores=1.075, updater_overhead_s=1e-06, updater_per_learner_s=0.0001881,
+    updater_cores=0.4426, updater_queue=0.0001, network_latency_s=0.000198,
+    network_bandwidth_bytes_per_s=997700000000.0, learner_cv=0.2475, updater_cv=2.151)
 
 
 def _cpu_runtime() -> Machine:

@@ -8,14 +8,18 @@ processes. :func:`fit_all` fits, in three stages, the figures of the runtime mod
 
 1. **Compute** (:func:`jaxsprint.perf.calibrate.fit` on the single-learner steps, no optimiser passes):
    ``efficiency_fwd`` (the backward passes tied to it), ``half_efficiency_batch`` and ``step_overhead_s``.
+   A step's time is the MEAN of its samples (:func:`gradient_step_seconds`): a learner's mean cycle is made of
+   all its steps, slow ones included, and on a shared machine the mean of a lone step's samples lies well
+   above their median (this project's 2 cores, sub-batch 128: 37.7 ms against 28.9). The cores a lone step
+   keeps busy, ``learner_step_cores``, are measured, not fitted (``step_cores``: process CPU time over wall
+   time, :func:`jaxsprint.timing.measure_gradient_cores`).
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and
    ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
    collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
    of its cycle.
 3. **Sharing and the updater** (:func:`fit_runtime`): the figures of :data:`RUNTIME_FIELDS` (the learners'
-   host work and the compute units of a lone step; the updater's overhead, its cost per learner, the units
-   it takes while busy, its stretch on co-located hosts and its queue) by least squares on the log-errors of
-   both cycle means of every run,
+   host work; the updater's overhead, its cost per learner, the units it takes while busy, its stretch on
+   co-located hosts and its queue) by least squares on the log-errors of both cycle means of every run,
 
    .. math::
        \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
@@ -48,14 +52,16 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["COMPUTE_FIELDS", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
-           "RUNTIME_START", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime", "predict_runs"]
+           "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime",
+           "gradient_step_seconds", "predict_runs"]
 
 COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
-RUNTIME_FIELDS = ("learner_overhead_s", "learner_step_cores", "updater_overhead_s", "updater_per_learner_s",
-                  "updater_cores", "updater_hosts_stretch", "updater_queue")
-# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner), a lone step on 1-4 compute units, an
-# updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions
+RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
+                  "updater_hosts_stretch", "updater_queue")
+STEP_CORES_FIELD = "learner_step_cores"  # measured (fit_all's step_cores), not fitted; fit_runtime can fit it
+# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner), a lone step on 1-4 compute units (when
+# fitted after all), an updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions
 # from 1e-4 to 10 device steps per cycle.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
                   "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
@@ -128,6 +134,13 @@ class RuntimeFit:
         """JSON-friendly: the fitted figures and the error statistics of both cycles."""
         return dict(fitted=self.fitted, loss=self.loss, compute=calib.error_stats(self.compute_errors),
                     update=calib.error_stats(self.update_errors), stages=self.stages)
+
+
+def gradient_step_seconds(record: dict[str, Any]) -> float:
+    """The lone step time a stored gradient-step record stands for: the mean of its ``samples`` (module
+    docstring, stage 1), or its ``measured_s`` when it has no samples."""
+    samples = record.get("samples") or []
+    return float(np.mean(samples)) if len(samples) else float(record["measured_s"])
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -312,8 +325,8 @@ def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[Runtim
 
 
 def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
-              allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
-              co_located: bool = True, seed: int = 0) -> RuntimeFit:
+            allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
+            step_cores: float | None = None, co_located: bool = True, seed: int = 0) -> RuntimeFit:
     """All three stages (module docstring); a stage without measurements is skipped.
 
     Args:
@@ -322,6 +335,7 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
       steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
       allreduces: All-reduces over the runtime's processes.
       runs: Measured runtime runs.
+      step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
       co_located: The hosts of multi-host runs were processes of this machine.
       seed: Seed of the random starts of stages 1 and 2.
 
@@ -330,12 +344,19 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
       summaries).
 
     Raises:
-      ConfigError: no runs, or an invalid timing (as :func:`jaxsprint.perf.calibrate.fit`).
+      ConfigError: no runs, an invalid timing (as :func:`jaxsprint.perf.calibrate.fit`), ``step_cores`` not a
+        finite number > 0.
     """
     _check_runs(list(runs))
     fitted: dict[str, float] = {}
     stages: dict[str, Any] = {}
     m = machine
+    if step_cores is not None:
+        check(isinstance(step_cores, (int, float)) and math.isfinite(step_cores) and step_cores > 0, "step_cores",
+              step_cores, "a finite number > 0 (process CPU seconds per wall second of a lone step)")
+        m = m.replace(**{STEP_CORES_FIELD: jnp.float32(step_cores)})
+        fitted[STEP_CORES_FIELD] = float(step_cores)
+        stages["step_cores"] = float(step_cores)
     steps = list(steps)
     if steps:
         fields = [f for f in COMPUTE_FIELDS][:len(steps)]
