@@ -2,6 +2,8 @@ r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` p
 
   python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json      # about 10 min, quiet machine
   python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only   # refit stored data
+  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only \
+      --runs_from=docs/runtime-calibration-runs/results.json   # stage 3 on validate_runtime.py --grid=calibration
 
 The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machine at hand):
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``, every
@@ -11,7 +13,10 @@ The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machi
      time of ``--network_times`` at ``--run_sub_batch``, each ``--duration_s`` long; their measured cycle
      means and cvs after the warm-up (``runtime.events.statistics``);
   3. all-reduces over 2 local processes (gloo) of the network's ``4P`` bytes and a sixteenth of it.
-Then ``jaxsprint.perf.runtime_calibration.fit_all`` fits the compute, network, sharing and updater figures
+``--runs_from`` takes the runs of 2. from a ``results.json`` of ``experiments/validate_runtime.py`` instead (its
+``--grid=calibration``: 1 and 2 hosts as processes, sub-batch 8-128, the updater on its own device); they replace
+the stored runs, so that a later ``--fit_only`` refits the same set. Then
+``jaxsprint.perf.runtime_calibration.fit_all`` fits the compute, network, sharing and updater figures
 (and both cvs), starting from the ``cpu_runtime`` preset. ``--out`` gets the measurements, the fit and the
 preset (a ``--machine_file`` for the launchers); the script prints the ``CPU_RUNTIME_CALIBRATION`` block for
 ``jaxsprint/perf/machines.py``.
@@ -42,6 +47,9 @@ _WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Start-up transient left out of ea
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of the single-learner timing.")
 _STEP_TIME = flags.DEFINE_float("step_time_s", 1.0, "Seconds of each sub-batch's steps per round (and of its "
                                 "cores measurement).")
+_RUNS_FROM = flags.DEFINE_string("runs_from", None, "A results.json of experiments/validate_runtime.py whose runs "
+                                 "(measured cycle means and cvs) are the runtime runs of the fit; no runs are "
+                                 "measured here then.")
 _ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
 
 FORMAT = "jaxsprint-runtime-calibration-1"
@@ -62,7 +70,28 @@ def _numbers(name, values, kind, lo):
     return out
 
 
-def measure(config, sub_batches, learners, network_times, log=print):
+def runs_from(path):
+    """The runtime-run records of a validate_runtime.py ``results.json`` (one per run, as :func:`measure` makes)."""
+    from experiments import studies
+    from jaxsprint.errors import check
+
+    data = studies.load_json(path, dict)
+    runs = data.get("runs")
+    check(isinstance(runs, list) and len(runs) > 0, "--runs_from", path,
+          "a results.json of experiments/validate_runtime.py with at least one run")
+    out = []
+    for r in runs:
+        m = r.get("measured") if isinstance(r, dict) else None
+        check(isinstance(m, dict) and all(k in m for k in ("t_compute_s", "t_update_s", "network_time_s")),
+              "--runs_from", path, "runs with measured cycle means (validate_runtime.py's results.json)")
+        out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
+                        sub_batch=int(r["sub_batch"]), network_time_s=float(m["network_time_s"]),
+                        **{k: m[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
+                                             "images_per_s", "gradients", "updates", "mean_staleness")}))
+    return out
+
+
+def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     """The calibration set as JSON-able records (module docstring)."""
     import copy
     import shutil
@@ -81,8 +110,9 @@ def measure(config, sub_batches, learners, network_times, log=print):
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
-    runs = []
-    for n in learners:
+    measured_runs = runs is None
+    runs = [] if runs is None else list(runs)
+    for n in (learners if measured_runs else []):
         for nt in network_times:
             c = copy.deepcopy(config)
             with c.unlocked():
@@ -146,11 +176,14 @@ def main(argv):
 
     config = _CONFIG.value
     out = _OUT.value
+    given_runs = runs_from(_RUNS_FROM.value) if _RUNS_FROM.value else None  # read and checked before anything
     if _FIT_ONLY.value:
         data = studies.load_json(out, dict)
         check(data.get("format") == FORMAT and "measurements" in data, "--out", out,
               f"a file written by this script (format {FORMAT!r}) to refit with --fit_only")
         meas = data["measurements"]
+        if given_runs is not None:
+            meas = dict(meas, runs=given_runs)
     else:
         sub_batches = _numbers("sub_batches", _SUB_BATCHES.value, int, 1)
         learners = _numbers("learners", _LEARNERS.value, int, 1)
@@ -168,7 +201,7 @@ def main(argv):
         import jax
 
         runtime.validate_config(probe, len(jax.local_devices()))
-        meas = measure(config, sub_batches, learners, network_times)
+        meas = measure(config, sub_batches, learners, network_times, runs=given_runs)
         studies.save_json(out, dict(format=FORMAT, measurements=meas))  # the data first, whatever the fit does
     result = fit(config, meas)
     machine = result.machine

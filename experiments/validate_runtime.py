@@ -4,6 +4,8 @@ r"""The SPRINT model judged against the real runtime over a grid of configuratio
   python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
   python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
   python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
+  python experiments/validate_runtime.py --out=docs/runtime-calibration-runs --grid=calibration  # the runs that
+      # calibrate_runtime.py --runs_from fits the preset to (10 configurations apart from the grid, ~12 minutes)
 
 Each configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from
 about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
@@ -52,6 +54,10 @@ _DEFAULT_CONFIG = os.path.join(_HERE, "configs", "sprint.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "The SPRINT config of every run.",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Output folder (created).")
+_GRID = flags.DEFINE_enum("grid", "validation", ["validation", "calibration"], "validation: the 20 configurations "
+                          "the model is judged on; calibration: 10 others, whose runs calibrate_runtime.py "
+                          "--runs_from fits the preset's runtime figures to (so that the preset never saw the "
+                          "validation grid).")
 _QUICK = flags.DEFINE_bool("quick", False, "A tiny grid (2 runs of a tiny model, a few seconds each) for tests.")
 _DRY = flags.DEFINE_bool("dry_run", False, "Print the plan and its estimated time; run nothing.")
 _ONLY = flags.DEFINE_list("only", [], "Run only these configurations of the grid (names).")
@@ -83,6 +89,14 @@ GRID = (
     # the cores) and with 20 ms (an updater waits for its partner), sub-batch 8-128, 1-4 learners per host
     ("h2_l1_b8_n0", 2, 1, 8, 0), ("h2_l1_b128_n20", 2, 1, 128, 20), ("h2_l2_b8_n0", 2, 2, 8, 0),
     ("h2_l2_b64_n0", 2, 2, 64, 0), ("h2_l4_b16_n20", 2, 4, 16, 20), ("h2_l4_b128_n0", 2, 4, 128, 0),
+)
+# The calibration's runs: configurations of the same ranges that are not in GRID (1-8 learners per host, 1 and 2
+# hosts, sub-batch 8-128, network 0-50 ms), three of them with two hosts (they fix the two-host stretch).
+CALIBRATION_GRID = (
+    ("cal_h1_l1_b32_n0", 1, 1, 32, 0), ("cal_h1_l2_b16_n20", 1, 2, 16, 20), ("cal_h1_l2_b128_n0", 1, 2, 128, 0),
+    ("cal_h1_l4_b8_n10", 1, 4, 8, 10), ("cal_h1_l4_b64_n20", 1, 4, 64, 20), ("cal_h1_l8_b16_n50", 1, 8, 16, 50),
+    ("cal_h1_l8_b64_n0", 1, 8, 64, 0), ("cal_h2_l1_b64_n10", 2, 1, 64, 10), ("cal_h2_l2_b16_n0", 2, 2, 16, 0),
+    ("cal_h2_l4_b32_n50", 2, 4, 32, 50),
 )
 QUICK_GRID = (("quick_h1_l2", 1, 2, 8, 10), ("quick_h2_l1", 2, 1, 8, 10))
 QUICK_OVERRIDES = ("--config.model=tiny", "--config.image_size=8")
@@ -403,10 +417,11 @@ def main(argv):
     check(math.isfinite(_WARMUP.value) and _WARMUP.value >= 0, "--warmup_s", _WARMUP.value, "a number >= 0")
     check(_MAX_DUR.value > 0 and _TIMEOUT.value > 0, "--max_duration_s/--run_timeout_s",
           (_MAX_DUR.value, _TIMEOUT.value), "numbers > 0")
-    grid = QUICK_GRID if _QUICK.value else GRID
+    grid = QUICK_GRID if _QUICK.value else CALIBRATION_GRID if _GRID.value == "calibration" else GRID
+    label = "quick" if _QUICK.value else _GRID.value
     names = [g[0] for g in grid]
     for n in _ONLY.value:
-        check(n in names, "--only", n, f"names of the {'quick ' if _QUICK.value else ''}grid: {', '.join(names)}")
+        check(n in names, "--only", n, f"names of the {label} grid: {', '.join(names)}")
     grid = [g for g in grid if not _ONLY.value or g[0] in _ONLY.value]
     overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
     if _UPDATER_DEVICE.value == "own" and _OWN_UPDATER not in overrides:

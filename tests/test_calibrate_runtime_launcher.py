@@ -48,3 +48,33 @@ def test_bad_flags_exit_2(tmp_path):
     assert not os.path.exists(tmp_path / "x.json")
     r = _run(f"--out={tmp_path / 'missing.json'}", "--fit_only")
     assert r.returncode == 2 and "error: invalid --out=" in r.stderr
+
+
+def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
+    """--runs_from: the fit's runtime runs come from validate_runtime.py's results.json (two hosts among them),
+    are stored in place of the old ones, and fix the two-host stretch; a file without runs exits 2, unchanged."""
+    def run(name, hosts, lph, b, net, tc, tu):
+        return dict(name=name, hosts=hosts, learners_per_host=lph, sub_batch=b, measured=dict(
+            network_time_s=net, t_compute_s=tc, t_compute_cv=0.3, t_update_s=tu, t_update_cv=0.4, images_per_s=1.0,
+            gradients=2000, updates=500, mean_staleness=1.0))
+    results = {"runs": [run(f"r{i}", h, n, 32, nt, 0.01 * max(1, h * n / 2) ** 1.1, nt + 1e-3 * n * (2 if h > 1 else 1))
+                        for i, (h, n, nt) in enumerate([(1, 1, 0.0), (1, 2, 0.02), (1, 4, 0.0), (1, 8, 0.02),
+                                                        (2, 1, 0.0), (2, 2, 0.02), (2, 4, 0.0)])]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    meas = dict(gradient_steps=[dict(sub_batch=b, measured_s=1e-3 + 1e-4 * b) for b in (8, 16, 32, 64)],
+                step_cores=[dict(sub_batch=8, cores=1.1)], runs=[],
+                allreduces=[dict(bytes=1e4, ranks=2, measured_s=5e-4), dict(bytes=1e6, ranks=2, measured_s=2e-3)])
+    out = tmp_path / "cal.json"
+    out.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
+    r = _run(f"--out={out}", "--fit_only", f"--runs_from={tmp_path / 'results.json'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    stored = data["measurements"]["runs"]
+    assert [s["label"] for s in stored] == [f"r{i}" for i in range(7)] and [s["hosts"] for s in stored][-3:] == [2] * 3
+    assert stored[1]["network_time_s"] == 0.02 and data["fit"]["compute"]["n"] == 7
+    assert "updater_hosts_stretch" in data["fit"]["fitted"]  # two-host runs constrain it
+    before = out.read_text()
+    (tmp_path / "empty.json").write_text(json.dumps({"runs": []}))
+    r = _run(f"--out={out}", "--fit_only", f"--runs_from={tmp_path / 'empty.json'}")
+    assert r.returncode == 2 and "error: invalid --runs_from=" in r.stderr and "Traceback" not in r.stderr
+    assert out.read_text() == before

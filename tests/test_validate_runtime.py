@@ -82,3 +82,22 @@ def test_reanalyse_rewrites_the_tables_from_saved_logs(tmp_path):
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
     assert (out / "errors.png").stat().st_size > 0
     assert data["overrides"] == ["--config.model=tiny", "--config.image_size=8"]
+
+
+def test_the_calibration_grid_is_planned_apart_from_the_validation_grid(tmp_path):
+    """--grid=calibration plans 10 runs, 1 and 2 hosts, none of them a configuration of the validation grid (the
+    preset fitted to them predicts the validation grid out of sample); --only names that grid's runs."""
+    def plan(*args):
+        r = _run(f"--out={tmp_path / 'vr'}", "--dry_run", *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ") and "hosts" in ln]
+        # "  NAME hosts H x learners L, sub-batch B, network N ms: ..."
+        return {(int(w[2]), int(w[5].rstrip(",")), int(w[7].rstrip(",")), int(w[9])) for w in rows}, rows
+
+    validation, _ = plan()
+    calibration, rows = plan("--grid=calibration")
+    assert len(validation) == 20 and len(calibration) == 10 and not validation & calibration
+    assert {h for h, _, _, _ in calibration} == {1, 2} and all(w[0].startswith("cal_") for w in rows)
+    r = _run(f"--out={tmp_path / 'vr'}", "--dry_run", "--grid=calibration", "--only=h1_l1_b8_n20")
+    assert r.returncode == 2 and "names of the calibration grid" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "vr").exists()

@@ -450,7 +450,7 @@ CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
     efficiency_fwd=0.6026, half_efficiency_batch=2.26, step_overhead_s=1.762e-06,
     learner_overhead_s=0.002394, learner_step_cores=1.075, updater_overhead_s=1e-06, updater_per_learner_s=0.0001881,
-    updater_cores=0.4426, updater_queue=0.0001, network_latency_s=0.000198,
+    updater_cores=0.4426, updater_hosts_stretch=0.0, updater_queue=0.0001, network_latency_s=0.000198,
     network_bandwidth_bytes_per_s=997700000000.0, learner_cv=0.2475, updater_cv=2.151)
 
 
