@@ -448,10 +448,10 @@ _RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the 
 # The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
 CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.6026, half_efficiency_batch=2.26, step_overhead_s=1.762e-06,
-    learner_overhead_s=0.002394, learner_step_cores=1.075, updater_overhead_s=1e-06, updater_per_learner_s=0.0001881,
-    updater_cores=0.4426, updater_hosts_stretch=0.0, updater_queue=0.0001, network_latency_s=0.000198,
-    network_bandwidth_bytes_per_s=997700000000.0, learner_cv=0.2475, updater_cv=2.151)
+    efficiency_fwd=0.6033, half_efficiency_batch=2.329, step_overhead_s=1.028e-06,
+    learner_overhead_s=0.001476, learner_step_cores=1.075, updater_overhead_s=1e-06, updater_per_learner_s=7.021e-05,
+    updater_cores=0.2186, updater_hosts_stretch=20.0, updater_queue=0.0001, network_latency_s=0.0001542,
+    network_bandwidth_bytes_per_s=1703000000.0, learner_cv=0.2731, updater_cv=3.807)
 
 
 def _cpu_runtime() -> Machine:

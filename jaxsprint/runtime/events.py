@@ -178,13 +178,13 @@ def check(ev: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def save(path: str, ev: dict[str, Any]) -> None:
-    """Checks a log (:func:`check`) and writes it to ``path`` (``.npz``) atomically."""
+    """Checks a log (:func:`check`) and writes it to ``path`` (a compressed ``.npz``) atomically."""
     ev = check(ev)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **ev)
+            np.savez_compressed(fh, **ev)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
