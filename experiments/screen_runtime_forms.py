@@ -2,8 +2,9 @@ r"""Screen a bottleneck form of the runtime's cycle times, leave one out, on the
 
 A screening tool, not the library's model: it reads the measured cycle means of the saved grid
 (``docs/runtime-validation/results.json``) and the single-learner step times of the calibration
-(``docs/runtime-calibration.json``; each the mean of its samples, as the calibration takes it), fits the form below to every run but one (scipy ``least_squares`` on the
-log errors of ``T_c`` and ``T_u``) and predicts the one left out, as
+(``docs/runtime-calibration.json``; each the mean of its samples, as the calibration takes it), fits the form
+below to every run but one (scipy ``least_squares`` on the log errors of ``T_c`` and ``T_u``) and predicts the
+one left out, as
 :func:`jaxsprint.perf.runtime_calibration.cross_validate` does for :mod:`jaxsprint.perf.times`. The errors it
 prints are those of the cycle means; the epoch time's error is ``T_c``'s and the mean mini-batch's is
 ``(1 + e_u) / (1 + e_c) - 1`` (mean mini-batch = sub-batch x learners x ``T_u / T_c``). On the saved grid

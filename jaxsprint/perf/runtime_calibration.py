@@ -61,8 +61,8 @@ RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learn
                   "updater_hosts_stretch", "updater_queue")
 STEP_CORES_FIELD = "learner_step_cores"  # measured (fit_all's step_cores), not fitted; fit_runtime can fit it
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner), a lone step on 1-4 compute units (when
-# fitted after all), an updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions
-# from 1e-4 to 10 device steps per cycle.
+# fitted after all), an updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to
+# 21x, queue fractions from 1e-4 to 10 device steps per cycle.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
                   "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
