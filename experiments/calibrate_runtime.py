@@ -79,15 +79,17 @@ def runs_from(path):
     runs = data.get("runs")
     check(isinstance(runs, list) and len(runs) > 0, "--runs_from", path,
           "a results.json of experiments/validate_runtime.py with at least one run")
+    measured = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s",
+                "gradients", "updates", "mean_staleness")
     out = []
     for r in runs:
         m = r.get("measured") if isinstance(r, dict) else None
-        check(isinstance(m, dict) and all(k in m for k in ("t_compute_s", "t_update_s", "network_time_s")),
-              "--runs_from", path, "runs with measured cycle means (validate_runtime.py's results.json)")
+        check(isinstance(m, dict) and all(k in m for k in measured)
+              and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")), "--runs_from", path,
+              "runs with a name, learners_per_host, hosts, sub_batch and measured cycle statistics "
+              "(validate_runtime.py's results.json)")
         out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
-                        sub_batch=int(r["sub_batch"]), network_time_s=float(m["network_time_s"]),
-                        **{k: m[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
-                                             "images_per_s", "gradients", "updates", "mean_staleness")}))
+                        sub_batch=int(r["sub_batch"]), **{k: m[k] for k in measured}))
     return out
 
 
@@ -110,9 +112,11 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
-    measured_runs = runs is None
-    runs = [] if runs is None else list(runs)
-    for n in (learners if measured_runs else []):
+    if runs is not None:  # given (--runs_from): none measured here
+        runs, learners = list(runs), []
+    else:
+        runs = []
+    for n in learners:
         for nt in network_times:
             c = copy.deepcopy(config)
             with c.unlocked():

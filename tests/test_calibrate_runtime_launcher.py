@@ -74,7 +74,8 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
     assert stored[1]["network_time_s"] == 0.02 and data["fit"]["compute"]["n"] == 7
     assert "updater_hosts_stretch" in data["fit"]["fitted"]  # two-host runs constrain it
     before = out.read_text()
-    (tmp_path / "empty.json").write_text(json.dumps({"runs": []}))
-    r = _run(f"--out={out}", "--fit_only", f"--runs_from={tmp_path / 'empty.json'}")
-    assert r.returncode == 2 and "error: invalid --runs_from=" in r.stderr and "Traceback" not in r.stderr
-    assert out.read_text() == before
+    for i, bad in enumerate(({"runs": []}, {"runs": [{k: v for k, v in results["runs"][0].items() if k != "hosts"}]})):
+        (tmp_path / f"bad{i}.json").write_text(json.dumps(bad))
+        r = _run(f"--out={out}", "--fit_only", f"--runs_from={tmp_path / f'bad{i}.json'}")
+        assert r.returncode == 2 and "error: invalid --runs_from=" in r.stderr and "Traceback" not in r.stderr
+        assert out.read_text() == before
