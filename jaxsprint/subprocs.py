@@ -10,11 +10,16 @@ process, nobody reads the second's pipes, and once a pipe's buffer (64 KiB on Li
 ``write``. Processes that meet in a collective then wait for each other until the timeout: a hang that appears
 only when something (a loaded machine's warnings, a long log) makes a process write more. Here every process
 writes to its own temporary file, which never blocks.
+
+At the deadline every process still running gets ``SIGABRT`` first: the environment given to the processes sets
+``PYTHONFAULTHANDLER=1``, so a Python process writes the stack of every one of its threads to stderr before it
+dies, and the `Hung` error carries those stacks (where each process waited), not only what it had logged.
 """
 from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import tempfile
@@ -66,8 +71,13 @@ def coordinator_port(host: str = "127.0.0.1", *, attempts: int = 200, rng: rando
     raise OSError(f"no free port in [{_LOWEST_PORT}, {top}) on {host} after {attempts} tries")
 
 
+_DUMP_GRACE_S = 10.0  # how long a process aborted at the deadline may take to write its stacks
+_TAIL_CHARS = 6000  # of each process's stderr in a Hung message: the stacks of a few threads
+
+
 class Hung(subprocess.TimeoutExpired):
-    """:func:`run_together`'s timeout: a ``TimeoutExpired`` whose message also holds every process's stderr tail.
+    """:func:`run_together`'s timeout: a ``TimeoutExpired`` whose message also holds every process's stderr tail
+    (for a Python process, ending in the stacks of its threads at the deadline).
 
     A plain ``TimeoutExpired`` prints only the first command, so a test or launcher that lets it propagate
     shows nothing of where each process was when the deadline came.
@@ -89,14 +99,16 @@ def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None
 
     Raises:
       Hung: a ``subprocess.TimeoutExpired``: some process was still running at the deadline (all that were are
-        killed first; its ``output``, and its message, hold the stderr tails of every process).
+        aborted, so that Python processes write their threads' stacks, then killed; its ``output``, and its
+        message, hold the stderr tails of every process).
     """
     procs: list[tuple[subprocess.Popen, object, object]] = []
+    env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     try:
         for cmd in cmds:
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            procs.append((subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env), stdout=out,
-                                           stderr=err, text=True), out, err))
+            procs.append((subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, text=True), out,
+                          err))
         deadline = time.monotonic() + float(timeout_s)
         timed_out = False
         for p, _, _ in procs:
@@ -106,11 +118,9 @@ def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None
                 timed_out = True
                 break
         if timed_out:
-            for p, _, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            tails = "\n".join(f"[process {i}] " + _read(err)[-2000:] for i, (_, _, err) in enumerate(procs))
+            _abort_then_kill([p for p, _, _ in procs if p.poll() is None])
+            tails = "\n".join(f"[process {i}] " + _without_module_lists(_read(err))[-_TAIL_CHARS:]
+                              for i, (_, _, err) in enumerate(procs))
             raise Hung([str(c) for c in cmds[0]], timeout_s, output=tails)
         return [Finished(p.returncode, _read(out), _read(err)) for p, out, err in procs]
     finally:
@@ -120,6 +130,28 @@ def run_together(cmds: Sequence[Sequence[str]], *, env: Mapping[str, str] | None
                 p.wait()
             out.close()
             err.close()
+
+
+def _abort_then_kill(live: list[subprocess.Popen]) -> None:
+    """SIGABRT to every process (faulthandler writes its stacks), up to `_DUMP_GRACE_S` to die, then SIGKILL."""
+    for p in live:
+        try:
+            p.send_signal(signal.SIGABRT)
+        except OSError:  # already gone
+            pass
+    end = time.monotonic() + _DUMP_GRACE_S
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _without_module_lists(text: str) -> str:
+    """Drops faulthandler's "Extension modules: ..." line (a few KiB naming every loaded module), which would
+    push the stacks out of the tail."""
+    return "\n".join(line for line in text.split("\n") if not line.startswith("Extension modules:"))
 
 
 def _read(f) -> str:

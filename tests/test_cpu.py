@@ -43,14 +43,37 @@ def test_off_hands_the_model_nothing(monkeypatch):
 
 
 def test_auto_on_the_cpu_hands_the_model_the_fused_blocks(monkeypatch):
-    from jaxsprint.cpu import fused
+    from jaxsprint.cpu import fused, kernels
 
     monkeypatch.delenv(cpu.ENV_VAR, raising=False)
+    monkeypatch.setattr(kernels, "suits_this_cpu", lambda: (True, ""))  # an AVX-512 CPU, whatever this one is
     accel = cpu.acceleration("auto")
     assert accel.active and accel.conv_general_dilated is not None
     m = models.create_model("resnet50", num_classes=10, **accel.model_kwargs())
     assert m.norm_cls is fused.BatchNorm and m.block_cls is fused.BottleneckBlock
     assert m.block_cls.__name__ == models.BottleneckBlock.__name__  # so parameter names stay the same
+
+
+def test_auto_without_avx512_uses_xla_and_require_still_uses_the_kernels(monkeypatch):
+    """Where the kernels' 16-float vectors do not fit one register, "auto" hands the model XLA's paths (the
+    kernels are slower there); "require" still builds and uses them (so CI tests them on any x86 CPU)."""
+    from jaxsprint.cpu import kernels
+
+    monkeypatch.delenv(cpu.ENV_VAR, raising=False)
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t\t: fpu sse2 avx avx2 fma")
+    assert kernels.suits_this_cpu() == (False, "this CPU has no AVX-512, for whose 16-float vectors the native "
+                                               "kernels are written")
+    accel = cpu.acceleration("auto")
+    assert not accel.active and not accel.kernels and accel.model_kwargs() == {}
+    assert accel.describe() == "CPU kernels: off (this CPU has no AVX-512, for whose 16-float vectors the native " \
+                               "kernels are written)"
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t\t: fpu sse2 avx2 avx512f avx512bw")
+    assert kernels.suits_this_cpu() == (True, "")
+    monkeypatch.setenv(cpu.ENV_VAR, "require")  # as CI: "auto" defers to it, on this CPU whatever its flags
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t\t: fpu sse2 avx avx2 fma")
+    if kernels.available():
+        required = cpu.acceleration("auto")
+        assert required.mode == "require" and required.active and required.kernels
 
 
 def _fresh_process(code: str, **env) -> subprocess.CompletedProcess:
@@ -65,6 +88,8 @@ def test_require_fails_loudly_where_the_kernels_cannot_be_built(tmp_path):
     naming the setting and the reason, "auto" falls back to XLA's kernels with the custom-VJP convolution."""
     code = (
         "from jaxsprint import cpu\n"
+        "from jaxsprint.cpu import kernels\n"
+        "kernels.suits_this_cpu = lambda: (True, '')\n"  # an AVX-512 CPU, whatever this one is
         "a = cpu.acceleration('auto'); assert a.active and not a.kernels, a\n"
         "print(a.describe())\n"
         "try:\n"

@@ -26,15 +26,27 @@ def test_a_process_that_fills_its_pipe_does_not_stall_the_others(tmp_path):
     assert done[0].stdout.strip() == "waited" and done[1].stdout == "x" * (1 << 20)
 
 
-def test_the_timeout_kills_every_process_and_reports_their_stderr():
+def test_the_timeout_kills_every_process_and_reports_their_stderr_and_stacks():
     code = "import sys, time\nprint('started', file=sys.stderr, flush=True)\ntime.sleep(60)"
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as e:
         subprocs.run_together([[sys.executable, "-c", code]] * 2, timeout_s=5)
     assert time.monotonic() - t0 < 30
     assert e.value.output.count("started") == 2
+    # Each process, aborted at the deadline, wrote where it was waiting: line 3 of its program, the sleep.
+    assert e.value.output.count("Fatal Python error: Aborted") == 2
+    assert e.value.output.count('File "<string>", line 3 in <module>') == 2
     assert isinstance(e.value, subprocs.Hung)  # and its message shows both tails after the command
     assert str(e.value).split("stderr tails:\n", 1)[1] == e.value.output  # "[process 0] started ..."
+
+
+def test_a_process_that_ignores_the_abort_is_killed_after_the_grace(monkeypatch):
+    monkeypatch.setattr(subprocs, "_DUMP_GRACE_S", 1.0)
+    code = "import signal, time\nsignal.signal(signal.SIGABRT, signal.SIG_IGN)\ntime.sleep(60)"
+    t0 = time.monotonic()
+    with pytest.raises(subprocs.Hung):
+        subprocs.run_together([[sys.executable, "-c", code]], timeout_s=2)
+    assert time.monotonic() - t0 < 20
 
 
 class _Scripted:

@@ -28,7 +28,13 @@ inline v16 Load16(const float* p) { return *reinterpret_cast<const v16u*>(p); }
 inline void Store16(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
 // Keeps a loaded vector in a register: without it GCC folds the load into every FMA that uses it (KV loads
 // of a whole vector per broadcast instead of KV in all), and the products become load-bound.
+// Only where a 16-float vector fits one register (AVX-512): on a narrower machine (AVX2 alone, seen on an AMD
+// EPYC) GCC splits it over two registers and the constraint is impossible, so there it is left to the compiler.
+#if defined(__AVX512F__)
 inline void KeepInRegister(v16& v) { asm("" : "+v"(v)); }
+#else
+inline void KeepInRegister(v16&) {}
+#endif
 
 // Uninitialised scratch memory (every element read is written first), aligned to a cache line: the
 // kernels access it in 64-byte vectors at multiples of 16 floats, and malloc's 16-byte alignment made
