@@ -52,7 +52,7 @@ _RUNS_FROM = flags.DEFINE_string("runs_from", None, "A results.json of experimen
                                  "measured here then.")
 _ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
 
-FORMAT = "jaxsprint-runtime-calibration-1"
+from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa: E402  (a --machine_file too)
 
 
 def _numbers(name, values, kind, lo):

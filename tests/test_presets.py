@@ -26,7 +26,8 @@ def test_preset_roundtrip_and_errors(tmp_path):
         presets.load_preset(missing)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "other"}))
-    with raises_invalid("machine_file", str(bad), "format='jaxsprint-machine-1'", DataError):
+    with raises_invalid("machine_file", str(bad), "format 'jaxsprint-machine-1' or 'jaxsprint-runtime-calibration-1'",
+                        DataError):
         presets.load_preset(str(bad))
     data["figures"]["peak_flops_per_s"] = -1.0
     bad.write_text(json.dumps(data))
@@ -34,6 +35,23 @@ def test_preset_roundtrip_and_errors(tmp_path):
         presets.load_preset(str(bad))
     bad.write_text("{not json")
     with raises_invalid("machine_file", str(bad), "a readable JSON machine preset", DataError):
+        presets.load_preset(str(bad))
+
+
+def test_a_runtime_calibration_file_is_a_machine_file(tmp_path):
+    """experiments/calibrate_runtime.py's --out (measurements, fit and every figure of the fitted machine) loads as
+    a --machine_file: the shipped one is the cpu_runtime preset (whose fitted figures are its 4-digit copy)."""
+    path = os.path.join(ROOT, mc.CPU_RUNTIME_CALIBRATION_FILE)
+    m = presets.load_machine(path=path)
+    want = mc.get("cpu_runtime")
+    assert m.name == "cpu_runtime"
+    for f in mc.FIELDS:
+        assert float(getattr(m, f)) == pytest.approx(float(getattr(want, f)), rel=1e-3), f
+    data = json.loads(open(path).read())
+    del data["figures"]  # what the script writes before its fit: the measurements alone
+    bad = tmp_path / "measured_only.json"
+    bad.write_text(json.dumps(data))
+    with raises_invalid("machine_file", str(bad), "with a 'figures' object", DataError):
         presets.load_preset(str(bad))
 
 

@@ -28,11 +28,14 @@ from jaxsprint.perf.calibrate import AllreduceTiming, StepTiming
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["PRESET_FORMAT", "allreduce_timings", "load_machine", "load_measurements", "load_preset",
+__all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "allreduce_timings", "load_machine", "load_measurements", "load_preset",
            "save_preset", "step_timings"]
 
 PRESET_FORMAT = "jaxsprint-machine-1"
-_WRITER = "a file written by experiments/calibrate.py"
+# experiments/calibrate_runtime.py's output: its measurements and fit, and the fitted machine's every figure.
+RUNTIME_CALIBRATION_FORMAT = "jaxsprint-runtime-calibration-1"
+_FORMATS = (PRESET_FORMAT, RUNTIME_CALIBRATION_FORMAT)
+_WRITER = "a file written by experiments/calibrate.py or experiments/calibrate_runtime.py"
 # Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
 # writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
 _MOMENTUM_SGD_PASSES = 5.0
@@ -68,14 +71,15 @@ def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
     """
     what = f"JSON machine preset ({_WRITER})"
     data = _read_json(path, "machine_file", what)
-    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
-        raise DataError("machine_file", path, f"a {what}: a JSON object with format={PRESET_FORMAT!r}")
+    if not isinstance(data, dict) or data.get("format") not in _FORMATS:
+        raise DataError("machine_file", path, f"a {what}: a JSON object with format {' or '.join(map(repr, _FORMATS))}")
     if not isinstance(data.get("figures"), dict):
         raise DataError("machine_file", path, f"a {what} with a 'figures' object")
     figures = dict(data["figures"])
     figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
     try:
-        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
+        default_name = "cpu_runtime" if data["format"] == RUNTIME_CALIBRATION_FORMAT else "machine"
+        m = machines.make_machine(str(data.get("name", default_name)), str(data.get("description", "")),
                                   {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
     except ConfigError as e:
         raise DataError("machine_file", path, f"a {what} with valid figures ({e})") from None
