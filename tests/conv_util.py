@@ -25,6 +25,12 @@ def require_kernels() -> None:
     pytest.skip(native.unavailable_reason())
 
 
+def kernels_mode() -> str:
+    """The switch value that puts the native kernels in a model on any CPU that builds them: "require" there
+    ("auto" keeps XLA's paths on a CPU without AVX-512), else "auto"."""
+    return "require" if native.available() else "auto"
+
+
 def _value_and_grads(conv_fn, x, w, dy, strides, padding, **kw):
     """Returns (y, dx, dw) of conv_fn under jit, with cotangent dy."""
 

@@ -7,9 +7,8 @@ import pytest
 
 from jaxsprint import cpu, models
 from jaxsprint.cpu import fused
-from jaxsprint.cpu import kernels as native
 
-from conv_util import require_kernels
+from conv_util import kernels_mode, require_kernels
 
 
 def _bn_loss_and_grads(fused_bn, x, running_mean, dy, residual=None, relu=False):
@@ -120,7 +119,7 @@ def test_fused_model_equals_the_plain_model(block):
     """A model with the seam's fused BatchNorm and blocks has the plain model's parameter tree (so
     checkpoints are interchangeable), the same initial values, loss and running statistics, and the same
     gradients up to float summation order."""
-    accel = cpu.acceleration("require") if native.available() else cpu.acceleration("auto")
+    accel = cpu.acceleration(kernels_mode())
     if not accel.active:
         pytest.skip(accel.reason)
     kw = accel.model_kwargs()
@@ -153,7 +152,7 @@ def test_fused_model_equals_the_plain_model(block):
 
 def test_create_model_swaps_in_the_fused_blocks_with_the_same_names():
     """ResNet-50 from the zoo with the seam's kwargs: fused Bottleneck blocks, the plain parameter tree."""
-    accel = cpu.acceleration("require") if native.available() else cpu.acceleration("auto")
+    accel = cpu.acceleration(kernels_mode())
     if not accel.active:
         pytest.skip(accel.reason)
     x = jnp.zeros((1, 32, 32, 3))

@@ -213,9 +213,9 @@ def test_native_kernels_in_scanned_accumulation_over_devices():
     """The CPU fast convolution (native kernels where built) inside the accumulation scan, batch sharded over
     the fake devices: the update equals the one with XLA's convolution, and the kernels are in the program."""
     from jaxsprint import cpu, models, parallel
-    from jaxsprint.cpu import kernels
+    from conv_util import kernels_mode
 
-    fast = "require" if kernels.available() else "auto"  # the kernels on any CPU that builds them (AVX2 too)
+    fast = kernels_mode()  # the kernels on any CPU that builds them (AVX2 too)
     mesh = parallel.make_mesh(-1)
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
     rng = np.random.default_rng(0)

@@ -28,8 +28,8 @@ from jaxsprint.perf.calibrate import AllreduceTiming, StepTiming
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "allreduce_timings", "load_machine", "load_measurements", "load_preset",
-           "save_preset", "step_timings"]
+__all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "allreduce_timings", "load_machine", "load_measurements",
+           "load_preset", "save_preset", "step_timings"]
 
 PRESET_FORMAT = "jaxsprint-machine-1"
 # experiments/calibrate_runtime.py's output: its measurements and fit, and the fitted machine's every figure.
