@@ -165,9 +165,10 @@ def fit(config, measurements):
 
 def preset_block(fitted):
     """The ``CPU_RUNTIME_CALIBRATION`` block for jaxsprint/perf/machines.py (4 significant digits)."""
-    from jaxsprint.perf import machines
+    from jaxsprint.perf import machines, runtime_calibration
 
     keys = [k for k in machines.CPU_RUNTIME_CALIBRATION if k in fitted]
+    keys += [k for k in runtime_calibration.RUNTIME_FIELDS if k in fitted and k not in keys]  # figures new to it
     body = ", ".join(f"{k}={float(f'{fitted[k]:.4g}')!r}" for k in keys)
     return f"CPU_RUNTIME_FITTED = True\nCPU_RUNTIME_CALIBRATION = dict({body})"
 

@@ -67,8 +67,9 @@ def test_compute_and_update_times_by_their_formulas():
     assert float(times.memory_bytes(net, b)) <= float(m.device_memory_bytes) < float(times.memory_bytes(net, b + 1))
 
 
-def _smax8(*xs):
-    return sum(x ** 8 for x in xs) ** (1 / 8)
+def _smax(*xs):
+    k = times.RUNTIME_SHARPNESS
+    return sum(x ** k for x in xs) ** (1 / k)
 
 
 def test_runtime_times_by_their_formulas():
@@ -78,7 +79,7 @@ def test_runtime_times_by_their_formulas():
     g, p, a, c, cu, sh = 1.5e-3, 1.5, 2e-3, 1e-3, 0.3, 1.2
     m = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=g, learner_step_cores=p, updater_overhead_s=a,
                         updater_per_learner_s=c, updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0,
-                        updater_cv=0.4)
+                        updater_cv=0.4, updater_apply_s=0.0, learner_step_cores_half_batch=0.0)
     p4 = 4.0 * float(net.total_params)
     host = lambda n_h: (n_h + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s)  # noqa
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
@@ -88,7 +89,7 @@ def test_runtime_times_by_their_formulas():
     assert float(r.t_update_s) == pytest.approx(own + 0.03 + ring, rel=1e-5)
     beta = own / (own + 0.03 + ring)
     step = float(times.compute_time_s(net, m, 32.0, 8.0))
-    t_c = _smax8(step + g, 4 * g / (1 - beta / 2), 8 * p * step / (2 - 2 * beta * cu))
+    t_c = _smax(step + g, 4 * g / (1 - beta / 2), 8 * p * step / (2 - 2 * beta * cu))
     assert float(r.t_compute_s) == pytest.approx(t_c, rel=1e-5)
     assert float(r.t_update_cv) == pytest.approx(0.4 * own / float(r.t_update_s), rel=1e-5)
     assert float(r.t_compute_cv) == pytest.approx(float(m.learner_cv))
@@ -96,7 +97,7 @@ def test_runtime_times_by_their_formulas():
     one = times.runtime_times(net, m, learners_per_host=1, hosts=1, sub_batch=32, network_time_s=0.0)
     assert float(one.t_update_s) == pytest.approx(host(1) + a + c, rel=1e-5)
     step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
-    assert float(one.t_compute_s) == pytest.approx(_smax8(step1 + g, g / 0.5, p * step1 / (2 - cu)), rel=1e-5)
+    assert float(one.t_compute_s) == pytest.approx(_smax(step1 + g, g / 0.5, p * step1 / (2 - cu)), rel=1e-5)
     # Separate machines: each host's learners alone on its cores, no stretch.
     apart = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
                                 co_located=False)
@@ -107,6 +108,66 @@ def test_runtime_times_by_their_formulas():
     d = jax.grad(lambda x: times.runtime_times(net, mc.with_figures(m, learner_step_cores=x), learners_per_host=4,
                                                hosts=2, sub_batch=32, network_time_s=0.03).t_compute_s)(p)
     assert np.isfinite(float(d)) and float(d) == pytest.approx(float(r.t_compute_s) / p, rel=0.05)
+
+
+def test_runtime_step_cores_grow_with_the_sub_batch():
+    """p(b) = 1 + (p - 1) b / (b + b_p): one unit for a tiny step, p for a large one, half-way at b_p; flat at
+    b_p = 0 (hand-computed), and the cores bound of T_c scales with it."""
+    m = mc.with_figures(mc.get("cpu_runtime"), learner_step_cores=1.5, learner_step_cores_half_batch=16.0)
+    assert float(times.step_cores(m, 16.0)) == pytest.approx(1.25, rel=1e-6)
+    assert float(times.step_cores(m, 48.0)) == pytest.approx(1.375, rel=1e-6)
+    assert float(times.step_cores(m, 1e6)) == pytest.approx(1.5, rel=1e-4)
+    flat = mc.with_figures(m, learner_step_cores_half_batch=0.0)
+    assert float(times.step_cores(flat, 8.0)) == pytest.approx(1.5, rel=1e-6)
+    net = zoo.get("resnet8")
+    # Sixteen learners on two cores, no host work: the cores bound dominates, in proportion to p(b).
+    kw = dict(learners_per_host=16, sub_batch=16, network_time_s=0.05)
+    quiet = dict(learner_overhead_s=0.0, updater_cores=0.0)
+    t_half = float(times.runtime_times(net, mc.with_figures(m, **quiet), **kw).t_compute_s)
+    t_flat = float(times.runtime_times(net, mc.with_figures(flat, **quiet), **kw).t_compute_s)
+    assert t_half / t_flat == pytest.approx(1.25 / 1.5, rel=1e-3)
+
+
+def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
+    """The updater's apply cost comes with the share 1 - exp(-N T_u / T_c) of non-empty cycles: runtime_times
+    returns the fixed point (its T_u and T_c satisfy both formulas), nearly the whole cost when every cycle
+    gathers gradients and nearly none when almost every cycle is empty (hand-computed)."""
+    net = zoo.get("resnet8")
+    base = mc.with_figures(mc.get("cpu_runtime"), updater_apply_s=0.0, updater_hosts_stretch=0.5)
+    t_a = 4e-3
+    m = mc.with_figures(base, updater_apply_s=t_a)
+    for hosts, per_host, b, net_s in ((2, 4, 32, 0.03), (1, 2, 128, 0.0), (2, 1, 8, 0.0), (1, 8, 64, 0.002)):
+        kw = dict(learners_per_host=per_host, hosts=hosts, sub_batch=b, network_time_s=net_s)
+        r = times.runtime_times(net, m, **kw)
+        t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
+        share = 1.0 - np.exp(-hosts * per_host * t_u / t_c)
+        stretch = 1.5 if hosts > 1 else 1.0
+        u0 = float(times.runtime_update_time_s(net, base, hosts, per_host, net_s, sharing_learners=hosts * per_host,
+                                               sub_batch=b))
+        assert t_u == pytest.approx(u0 + t_a * share * stretch, rel=1e-4)
+        p4 = 4.0 * float(net.total_params)
+        ring = float(collectives.allreduce_time_s(p4, float(hosts), m.network_latency_s,
+                                                  m.network_bandwidth_bytes_per_s)) if hosts > 1 else 0.0
+        own = t_u - net_s - ring
+        beta = own / t_u
+        t_c_formula = float(times.runtime_compute_time_s(net, m, b, hosts * per_host, learners_per_host=per_host,
+                                                         updater_demand=hosts * beta * float(m.updater_cores),
+                                                         updater_busy=beta))
+        assert t_c == pytest.approx(t_c_formula, rel=1e-3)
+    busy = times.runtime_times(net, m, learners_per_host=8, sub_batch=8, network_time_s=2.0)
+    busy0 = times.runtime_times(net, base, learners_per_host=8, sub_batch=8, network_time_s=2.0)
+    assert float(busy.t_update_s) - float(busy0.t_update_s) == pytest.approx(t_a, rel=1e-3)
+    idle = times.runtime_times(net, m, learners_per_host=1, sub_batch=128, network_time_s=0.0)
+    idle0 = times.runtime_times(net, base, learners_per_host=1, sub_batch=128, network_time_s=0.0)
+    assert float(idle.t_update_s) - float(idle0.t_update_s) < 0.2 * t_a
+    # Differentiable through the fixed point: the gradient matches a central difference.
+    def t_u_of(x):
+        return times.runtime_times(net, mc.with_figures(m, updater_apply_s=x), learners_per_host=8, sub_batch=8,
+                                   network_time_s=0.05).t_update_s
+
+    d, h = float(jax.grad(t_u_of)(t_a)), 2e-4
+    assert d == pytest.approx((float(t_u_of(t_a + h)) - float(t_u_of(t_a - h))) / (2 * h), rel=1e-2)
+    assert 0.5 < d < 1.0  # most of these cycles gather gradients
 
 
 def test_runtime_updater_queue_once_the_learners_fill_the_cores():

@@ -85,8 +85,9 @@ class Machine:
       learner_overhead_s: Per-cycle host cost of one learner besides its device step (the weight fetch,
         the gradient's hand-off into the node buffer, Python dispatch), done under the host process's
         interpreter lock: the learners of one process do it one at a time. Default 0.
-      learner_step_cores: Compute units one learner's device step keeps busy when it runs alone (process CPU
-        time over wall time; a CPU step may spread over more than one core; 1 for an accelerator). Default 1.
+      learner_step_cores: Compute units one learner's device step takes when the learners keep every unit
+        busy, at large sub-batches (a CPU step may spread over more than one core, and its memory traffic
+        slows its neighbours'; 1 for an accelerator). Default 1.
       updater_per_learner_s: The updater's own cost per cycle for each learner of its host (taking in
         that learner's gradients and statistics). Default 0.
       updater_queue: Once the learners fill the cores, the updater's own work per cycle also waits this
@@ -97,6 +98,11 @@ class Machine:
         process). Default 0.
       updater_cores: Compute units an updater takes while it works (its busy fraction of the cycle), which
         the learners then lack. Default 0.
+      updater_apply_s: The updater's own cost of applying an update (the optimizer step), which a cycle that
+        gathered no gradient skips. Default 0.
+      learner_step_cores_half_batch: Sub-batch at which a step on busy cores takes half of its excess over
+        one compute unit, ``1 + (learner_step_cores - 1) b / (b + this)``; 0: ``learner_step_cores`` at every
+        sub-batch. Default 0.
       learner_cv: Coefficient of variation of a learner's cycle (the jitter of ``T_c``) in the model's
         distributions. Default 0.05.
       updater_cv: Coefficient of variation of the updater's cycle (``update_cv`` of
@@ -143,6 +149,8 @@ class Machine:
     updater_queue: jax.Array
     updater_hosts_stretch: jax.Array
     updater_cores: jax.Array
+    updater_apply_s: jax.Array
+    learner_step_cores_half_batch: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="machine")
@@ -185,7 +193,7 @@ _GPU_EFFICIENCY_SOURCES = {
 # figure named instead, i.e. as many units as learners).
 RUNTIME_DEFAULTS: dict[str, float | str] = dict(
     cores_per_node="gpus_per_node", learner_overhead_s=0.0, learner_step_cores=1.0, updater_per_learner_s=0.0,
-    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, learner_cv=0.05, updater_cv=0.0)
+    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_cv=0.05, updater_cv=0.0)
 # Runtime figures of an earlier form of the runtime model (a sharing exponent per cycle, a queue fraction for
 # several hosts): a preset file saved with them still loads, without them.
 RETIRED_FIELDS = ("learner_contention", "updater_contention", "updater_queue_hosts")
@@ -197,6 +205,8 @@ _RUNTIME_DEFAULT_SOURCES = {
     "updater_queue": "default: 0 (the updater's work never waits for the learners')",
     "updater_hosts_stretch": "default: 0 (co-located hosts do not slow each other's updater)",
     "updater_cores": "default: 0 (the updater takes no compute unit from the learners)",
+    "updater_apply_s": "default: 0 (an empty updater cycle costs as much as one that applies an update)",
+    "learner_step_cores_half_batch": "default: 0 (a step takes learner_step_cores on busy cores at every sub-batch)",
     "learner_cv": "default: 0.05 (assumed compute jitter)",
     "updater_cv": "default: 0 (a deterministic updater cycle, the protocol's assumption)",
 }
@@ -230,7 +240,8 @@ def make_machine(name: str, description: str, sources: dict[str, str], **figures
         _check_field(field)
         allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
                       or field in ("half_efficiency_batch", "learner_cv", "updater_cv", "updater_queue",
-                                   "updater_per_learner_s", "updater_hosts_stretch", "updater_cores"))
+                                   "updater_per_learner_s", "updater_hosts_stretch", "updater_cores",
+                                   "updater_apply_s", "learner_step_cores_half_batch"))
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -448,10 +459,11 @@ _RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the 
 # The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
 CPU_RUNTIME_FITTED = True
 CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.6033, half_efficiency_batch=2.329, step_overhead_s=1.028e-06,
-    learner_overhead_s=0.001476, learner_step_cores=1.075, updater_overhead_s=1e-06, updater_per_learner_s=7.021e-05,
-    updater_cores=0.2186, updater_hosts_stretch=20.0, updater_queue=0.0001, network_latency_s=0.0001542,
-    network_bandwidth_bytes_per_s=1703000000.0, learner_cv=0.2731, updater_cv=3.807)
+    efficiency_fwd=0.6033, half_efficiency_batch=2.329, step_overhead_s=1.013e-06,
+    learner_overhead_s=0.001136, learner_step_cores=1.147, updater_overhead_s=1e-06, updater_per_learner_s=5.235e-05,
+    updater_cores=0.07875, updater_hosts_stretch=4.624, updater_queue=0.0001, network_latency_s=0.0001542,
+    network_bandwidth_bytes_per_s=1703000000.0, learner_cv=0.2731, updater_cv=1.649, updater_apply_s=0.001183,
+    learner_step_cores_half_batch=0.5)
 
 
 def _cpu_runtime() -> Machine:

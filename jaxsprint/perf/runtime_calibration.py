@@ -11,15 +11,18 @@ processes. :func:`fit_all` fits, in three stages, the figures of the runtime mod
    A step's time is the MEAN of its samples (:func:`gradient_step_seconds`): a learner's mean cycle is made of
    all its steps, slow ones included, and on a shared machine the mean of a lone step's samples lies well
    above their median (this project's 2 cores, sub-batch 128: 37.7 ms against 28.9). The cores a lone step
-   keeps busy, ``learner_step_cores``, are measured, not fitted (``step_cores``: process CPU time over wall
-   time, :func:`jaxsprint.timing.measure_gradient_cores`).
+   keeps busy (``step_cores``: process CPU time over wall time, :func:`jaxsprint.timing.measure_gradient_cores`)
+   start ``learner_step_cores``, which stage 3 fits: what a step takes of cores that other learners keep busy
+   is not what it takes alone (on an AVX2 CPU a lone step kept 1.3 cores busy at every sub-batch, yet eight
+   learners at sub-batch 8 shared two cores as if each took one; docs/sprint-runtime.md).
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and
    ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
    collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
    of its cycle.
 3. **Sharing and the updater** (:func:`fit_runtime`): the figures of :data:`RUNTIME_FIELDS` (the learners'
-   host work; the updater's overhead, its cost per learner, the units it takes while busy, its stretch on
-   co-located hosts and its queue) by least squares on the log-errors of both cycle means of every run,
+   host work and the cores a step takes on busy cores; the updater's overhead, its cost per learner and per
+   applied update, the units it takes while busy, its stretch on co-located hosts and its queue) by least
+   squares on the log-errors of both cycle means of every run,
 
    .. math::
        \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
@@ -58,19 +61,23 @@ __all__ = ["COMPUTE_FIELDS", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOU
 COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
-                  "updater_hosts_stretch", "updater_queue")
-STEP_CORES_FIELD = "learner_step_cores"  # measured (fit_all's step_cores), not fitted; fit_runtime can fit it
-# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner), a lone step on 1-4 compute units (when
-# fitted after all), an updater taking 0.1% to all of a unit while busy, co-located hosts stretching it by up to
-# 21x, queue fractions from 1e-4 to 10 device steps per cycle.
+                  "updater_hosts_stretch", "updater_queue", "updater_apply_s", "learner_step_cores",
+                  "learner_step_cores_half_batch")
+# Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
+STEP_CORES_FIELD = "learner_step_cores"
+# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
+# cores taking 1-4 compute units (half of the excess reached at sub-batch 0.5-1000), an updater taking 0.1% to
+# all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions from 1e-4 to 10 device
+# steps per cycle.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
+                  "learner_step_cores_half_batch": (0.5, 1e3),
                   "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
-                  "updater_queue": (1e-4, 10.0)}
+                  "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
-RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "updater_overhead_s": 1e-3,
-                 "updater_per_learner_s": 1e-3, "updater_cores": 0.3, "updater_hosts_stretch": 1.0,
-                 "updater_queue": 0.3}
+RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
+                 "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
+                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "step_overhead_s": (1e-6, 1.0)}
