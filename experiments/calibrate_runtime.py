@@ -8,14 +8,17 @@ r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` p
 The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machine at hand):
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``, every
      sample kept (the fit takes their mean), and the cores that step keeps busy (process CPU time over wall
-     time, in this process of 8 devices: a runtime process has several);
+     time, in this process of 8 devices: a runtime process has several; the start of the fit of
+     ``learner_step_cores``);
   2. runtime runs (``runtime.run``, one host) for every learner count of ``--learners`` and emulated network
      time of ``--network_times`` at ``--run_sub_batch``, each ``--duration_s`` long; their measured cycle
      means and cvs after the warm-up (``runtime.events.statistics``);
   3. all-reduces over 2 local processes (gloo) of the network's ``4P`` bytes and a sixteenth of it.
 ``--runs_from`` takes the runs of 2. from a ``results.json`` of ``experiments/validate_runtime.py`` instead (its
 ``--grid=calibration``: 1 and 2 hosts as processes, sub-batch 8-128, the updater on its own device); they replace
-the stored runs, so that a later ``--fit_only`` refits the same set. Then
+the stored runs, so that a later ``--fit_only`` refits the same set. Prefer them: the default runs (one host, one
+sub-batch) leave the two-host figures unfitted and the sub-batch dependence of a step's cores unconstrained
+(docs/sprint-runtime.md measured them predicting the validation grid 41% off in the mean mini-batch). Then
 ``jaxsprint.perf.runtime_calibration.fit_all`` fits the compute, network, sharing and updater figures
 (and both cvs), starting from the ``cpu_runtime`` preset. ``--out`` gets the measurements, the fit and the
 preset (a ``--machine_file`` for the launchers); the script prints the ``CPU_RUNTIME_CALIBRATION`` block for

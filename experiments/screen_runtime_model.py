@@ -21,7 +21,7 @@ Variants (each adds to the one above it, ``library`` is the form :mod:`jaxsprint
 
 Example::
 
-    python experiments/screen_runtime_model.py --sharpness=8 --sharpness=4 --sharpness=2
+    python experiments/screen_runtime_model.py --exponent=8 --exponent=4 --exponent=2
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ VARIANTS = ("earlier", "apply", "cores", "library")
 _GRID = flags.DEFINE_multi_string("grid", _DEFAULT_GRIDS, "RESULTS_JSON,CALIBRATION_JSON: a saved validate_runtime.py "
                                   "grid and the calibrate_runtime.py output of its machine (repeat for several).")
 _VARIANT = flags.DEFINE_multi_enum("variant", list(VARIANTS), list(VARIANTS), "Variants of the form to screen.")
-_SHARPNESS = flags.DEFINE_multi_float("sharpness", [8.0, 4.0], "Smooth-maximum exponents k to screen (> 1).")
+_EXPONENT = flags.DEFINE_multi_float("exponent", [8.0, 4.0], "Smooth-maximum exponents k to screen (> 1; "
+                                     "perf.times.RUNTIME_SHARPNESS).")
 
 
 def load_grid(spec: str):
@@ -110,8 +111,8 @@ def loo_errors(machine, network, runs, fields) -> np.ndarray:
 
 def main(argv):
     check(len(argv) == 1, "arguments", argv[1:], "none besides flags")
-    for k in _SHARPNESS.value:
-        check(k > 1, "--sharpness", k, "numbers > 1")
+    for k in _EXPONENT.value:
+        check(k > 1, "--exponent", k, "numbers > 1")
     import jax
 
     from experiments.configs import sprint
@@ -122,7 +123,7 @@ def main(argv):
     network = compare.network_cost(sprint.get_config())
     head = " | ".join(f"{g[0]}: epoch, mini-batch (p90)" for g in grids)
     print(f"| variant | k | {head} |\n|---|---|" + "---|" * len(grids), flush=True)
-    for k in _SHARPNESS.value:
+    for k in _EXPONENT.value:
         times.RUNTIME_SHARPNESS = float(k)
         jax.clear_caches()  # the form is traced with the exponent: retrace the fits' compiled functions
         for name in _VARIANT.value:

@@ -55,7 +55,7 @@ def _launch(*args):
 
 def test_launcher_screens_the_variants_and_rejects_bad_input(tmp_path):
     grid = f"{_grid(tmp_path)},{CALIBRATION}"
-    out = _launch(f"--grid={grid}", "--variant=library", "--variant=earlier", "--sharpness=4")
+    out = _launch(f"--grid={grid}", "--variant=library", "--variant=earlier", "--exponent=4")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {line.split(" | ")[0][2:]: line for line in out.stdout.splitlines() if line.startswith("| ") and
             " | 4 | " in line}
@@ -68,7 +68,7 @@ def test_launcher_screens_the_variants_and_rejects_bad_input(tmp_path):
     assert max(medians(rows["library"])) < 0.5  # the data's own form: exact up to the fit's tolerance
     assert max(medians(rows["earlier"])) > 0.5  # without the terms that made the data, it misses
     for bad, name in (([f"--grid={tmp_path / 'missing.json'},{CALIBRATION}"], "--grid"),
-                      ([f"--grid={grid}", "--sharpness=1"], "--sharpness"),
+                      ([f"--grid={grid}", "--exponent=1"], "--exponent"),
                       ([f"--grid={grid}", "--variant=nope"], "variant")):
         r = _launch(*bad)
         assert r.returncode == 2 and name in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
