@@ -193,7 +193,8 @@ _GPU_EFFICIENCY_SOURCES = {
 # figure named instead, i.e. as many units as learners).
 RUNTIME_DEFAULTS: dict[str, float | str] = dict(
     cores_per_node="gpus_per_node", learner_overhead_s=0.0, learner_step_cores=1.0, updater_per_learner_s=0.0,
-    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_cv=0.05, updater_cv=0.0)
+    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, updater_apply_s=0.0,
+    learner_step_cores_half_batch=0.0, learner_cv=0.05, updater_cv=0.0)
 # Runtime figures of an earlier form of the runtime model (a sharing exponent per cycle, a queue fraction for
 # several hosts): a preset file saved with them still loads, without them.
 RETIRED_FIELDS = ("learner_contention", "updater_contention", "updater_queue_hosts")

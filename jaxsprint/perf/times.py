@@ -315,10 +315,15 @@ def runtime_compute_time_s(network: NetworkCost, machine: Machine, sub_batch: ja
     Returns:
       Seconds.
     """
-    c = machine.cores_per_node if cores is None else cores
     n = jnp.asarray(learners, jnp.float32)
-    n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=n)
+    return _learner_cycle(machine, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy)
+
+
+def _learner_cycle(machine, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy):
+    """:func:`runtime_compute_time_s` from its device step ``step`` (computed once by the callers)."""
+    c = machine.cores_per_node if cores is None else cores
+    n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
     g = machine.learner_overhead_s
     lone = step + g
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
@@ -366,14 +371,15 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, nodes: jax.Arr
     Returns:
       Seconds.
     """
-    t_own, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners,
-                                          cores, algorithm, sub_batch, co_located, nonempty)
-    return t_own + t_wait
+    t_base, t_apply, t_wait = _runtime_update_parts(network, machine, nodes, learners, network_time_s,
+                                                    sharing_learners, cores, algorithm, sub_batch, co_located)
+    return t_base + t_apply * nonempty + t_wait
 
 
 def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
-                          sub_batch=None, co_located=True, nonempty=1.0):
-    """``(the updater's own work, the network's part)`` of :func:`runtime_update_time_s`."""
+                          sub_batch=None, co_located=True):
+    """``(own work of every cycle, own work of applying an update, the network's part)`` of
+    :func:`runtime_update_time_s`: the own work of a cycle is ``base + apply x [it gathered a gradient]``."""
     c = machine.cores_per_node if cores is None else cores
     n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
@@ -385,11 +391,10 @@ def _runtime_update_parts(network, machine, nodes, learners, network_time_s, sha
         full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
         t_queue = machine.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
     stretch = (1.0 + jnp.where(h > 1, machine.updater_hosts_stretch, 0.0)) if co_located else 1.0
-    t_own = (t_host + machine.updater_overhead_s + machine.updater_per_learner_s * g + t_queue
-             + machine.updater_apply_s * nonempty) * stretch
+    t_base = (t_host + machine.updater_overhead_s + machine.updater_per_learner_s * g + t_queue) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
-    return t_own, t_net + jnp.asarray(network_time_s, jnp.float32)
+    return t_base, machine.updater_apply_s * stretch, t_net + jnp.asarray(network_time_s, jnp.float32)
 
 
 class RuntimeTimes(NamedTuple):
@@ -430,13 +435,16 @@ def runtime_times(network: NetworkCost, machine: Machine, *, learners_per_host: 
     sharing = per_host * h if co_located else per_host
     updaters = h if co_located else jnp.float32(1.0)
 
-    def cycles(nonempty):
-        t_own, t_wait = _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing, None,
-                                              algorithm, sub_batch, co_located, nonempty)
+    t_base, t_apply, t_wait = _runtime_update_parts(network, machine, hosts, per_host, network_time_s, sharing,
+                                                    None, algorithm, sub_batch, co_located)
+    step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
+
+    def cycles(nonempty):  # scalar arithmetic only: the fixed point below repeats it
+        t_own = t_base + t_apply * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u
-        t_c = runtime_compute_time_s(network, machine, sub_batch, sharing, learners_per_host=per_host,
-                                     updater_demand=updaters * beta * machine.updater_cores, updater_busy=beta)
+        t_c = _learner_cycle(machine, step, sub_batch, sharing, per_host, None,
+                             updaters * beta * machine.updater_cores, beta)
         return t_own, t_u, t_c
 
     t_own, t_u, t_c = cycles(1.0)
