@@ -8,7 +8,7 @@ r"""Calibrate a machine preset: measure train steps and all-reduces (or read sav
     .venv/bin/python experiments/search.py --machine_file=runs/calibrate/this_machine.json \
         --network=resnet20 --target_minibatch=256 --max_nodes=4
 
-Measures (:mod:`jaxsprint.timing`) (1) the train step of this project's own CIFAR ResNets (momentum SGD, built
+Measures (:mod:`jaxsprint.calibration.timing`) (1) the train step of this project's own CIFAR ResNets (momentum SGD, built
 through the CPU switch ``--cpu_kernels`` as training builds it, host memory configured as training does) at
 several batch sizes, as process CPU time with the process pinned to one core and XLA:CPU's Eigen
 single-threaded (one learner per core, as the ``cpu`` preset models; on one core CPU time equals wall time
@@ -16,7 +16,7 @@ when nothing else runs, and is steadier when something does), and (2) all-reduce
 local JAX processes joined by ``jax.distributed`` (gloo, localhost ports only, bounded timeouts). It fits the
 compute figures ``--fit_fields`` on the steps not held out and ``network_latency_s``,
 ``network_bandwidth_bytes_per_s`` and ``updater_overhead_s`` on the all-reduces
-(:func:`jaxsprint.perf.calibrate.fit`), prints the fitted figures with their standard errors and the held-out
+(:func:`jaxsprint.calibration.model_fit.fit`), prints the fitted figures with their standard errors and the held-out
 prediction errors, estimates the compute-time jitter (cv) and saves the preset with its measurements to
 ``--out`` (default under ``runs/``, not in the package).
 
@@ -42,9 +42,12 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
-from jaxsprint import cli, cpu  # noqa: E402
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.train import cpu  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
-from jaxsprint.perf import calibrate, machines, presets  # noqa: E402
+from jaxsprint.calibration import model_fit  # noqa: E402
+from jaxsprint.perf import machines, presets  # noqa: E402
+from jaxsprint.calibration import measurements  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "runs/calibrate/this_machine.json", "Where to save the fitted preset "
@@ -53,12 +56,12 @@ flags.DEFINE_string("measurements", None, "Refit the measurements saved in this 
                     "*_measurements.json of this launcher, or a small-CNN calibration set) instead of measuring.")
 flags.DEFINE_string("base", "cpu", f"Preset the fit starts from: {', '.join(machines.PRESETS)}.")
 flags.DEFINE_list("models", ["resnet8", "resnet20", "resnet32", "resnet56"], "This project's models to time "
-                  "(jaxsprint.models names with a cost table in jaxsprint.perf.zoo).")
+                  "(jaxsprint.train.models names with a cost table in jaxsprint.perf.zoo).")
 flags.DEFINE_list("batches", ["4", "8", "16", "32", "64"], "Batch sizes of the step timings.")
 flags.DEFINE_list("holdout_batches", ["8", "32"], "Batch sizes held out of the fit (predicted).")
 flags.DEFINE_list("holdout_models", [], "Models held out of the fit (predicted).")
 flags.DEFINE_float("holdout_fraction", 0.0, "Also hold out this random share of the steps (drawn with "
-                   "--holdout_seed; see jaxsprint.perf.calibrate.holdout_split).")
+                   "--holdout_seed; see jaxsprint.calibration.model_fit.holdout_split).")
 flags.DEFINE_integer("holdout_seed", 0, "Seed of the random held-out share.")
 flags.DEFINE_enum("cpu_kernels", "auto", list(cpu.MODES), "CPU switch of the timed steps (config.cpu_kernels "
                   "of training; auto is what training runs on CPU, off is XLA's own convolution and BatchNorm).")
@@ -79,8 +82,8 @@ flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cac
                   "the BatchNorm memory efficiency (the last two since the native CPU kernels: their "
                   "shallow stem and their BatchNorm share differ from XLA's; see docs/perf-search.md).")
 flags.DEFINE_list("bounds", [], "Bounds of fitted figures, name=lo:hi (default: "
-                  "jaxsprint.perf.calibrate.default_bounds).")
-flags.DEFINE_enum("loss", "squared", list(calibrate.LOSSES), "Loss of the log-errors (soft_l1: robust).")
+                  "jaxsprint.calibration.model_fit.default_bounds).")
+flags.DEFINE_enum("loss", "squared", list(model_fit.LOSSES), "Loss of the log-errors (soft_l1: robust).")
 flags.DEFINE_float("loss_scale", 0.1, "Scale of the soft_l1 loss, in log units.")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
 flags.DEFINE_bool("one_core", True, "Time the steps with this process pinned to one CPU (one learner per "
@@ -149,7 +152,7 @@ def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
     ``all_cpus``: the CPUs to give back to this thread (and so to the all-reduce processes it
     starts) after the steps were timed on one core; None when nothing was pinned.
     """
-    from jaxsprint import timing  # the training stack, only when measuring
+    from jaxsprint.calibration import timing  # the training stack, only when measuring
 
     configs = [(m, b) for m in FLAGS.models for b in cfg["batches"]]
     timed = timing.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
@@ -172,7 +175,7 @@ def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
 
 
 def _print_stats(name: str, errors) -> dict[str, float]:
-    s = calibrate.error_stats(errors)
+    s = model_fit.error_stats(errors)
     print(f"steps {name}: n={s['n']}, median |error| {100 * s['median_abs_error']:.1f}%, "
           f"mean {100 * s['mean_abs_error']:.1f}%, max {100 * s['max_abs_error']:.1f}%")
     return s
@@ -181,21 +184,21 @@ def _print_stats(name: str, errors) -> dict[str, float]:
 def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str, Any], machines.Machine]:
     """Fits the preset and prints the tables; returns the summary saved with the preset and the machine."""
     records = meas["steps"]
-    timings = presets.step_timings(records)
+    timings = measurements.step_timings(records)
     held = np.asarray([r["batch"] in cfg["holdout"] or r["model"] in FLAGS.holdout_models for r in records], bool)
     if FLAGS.holdout_fraction and records:
-        held |= calibrate.holdout_split(len(records), FLAGS.holdout_fraction, FLAGS.holdout_seed)
+        held |= model_fit.holdout_split(len(records), FLAGS.holdout_fraction, FLAGS.holdout_seed)
     train = [t for t, h in zip(timings, held) if not h]
     test = [t for t, h in zip(timings, held) if h]
     check(bool(train), "--holdout_batches", FLAGS.holdout_batches, "fewer held-out batches, models or share: "
                                                                    "every step timing is held out")
-    ars = presets.allreduce_timings(meas["allreduces"])
+    ars = measurements.allreduce_timings(meas["allreduces"])
     fit_kwargs = dict(tied=_TIED, seed=FLAGS.seed, starts=FLAGS.starts, bounds=cfg["bounds"], loss=FLAGS.loss,
                       loss_scale=FLAGS.loss_scale)
-    compute = calibrate.fit(cfg["base"], train, fields=FLAGS.fit_fields, **fit_kwargs)
+    compute = model_fit.fit(cfg["base"], train, fields=FLAGS.fit_fields, **fit_kwargs)
     machine, network = compute.machine, None
     if ars:
-        network = calibrate.fit(machine, allreduces=ars, fields=_NETWORK_FIELDS, seed=FLAGS.seed,
+        network = model_fit.fit(machine, allreduces=ars, fields=_NETWORK_FIELDS, seed=FLAGS.seed,
                                 bounds=_NETWORK_BOUNDS)
         machine = network.machine
     print(f"\n{'split':9s} {'step':16s} {'measured ms':>11s} {'predicted ms':>12s} {'error':>7s}")
@@ -203,7 +206,7 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
     for split, ts in (("fit", train), ("held_out", test)):
         if not ts:
             continue
-        pred, _ = calibrate.predict_timings(machine, ts)
+        pred, _ = model_fit.predict_timings(machine, ts)
         errors = pred / np.asarray([t.measured_s for t in ts]) - 1
         for t, p, e in zip(ts, pred, errors):
             print(f"{split:9s} {t.label:16s} {1e3 * t.measured_s:11.2f} {1e3 * p:12.2f} {100 * e:+6.1f}%")
@@ -213,7 +216,7 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
     models = [r["model"] for r in records]
     if FLAGS.leave_one_model_out and len(set(models)) > 1:
         print("\nleave one model out (fit on the other models' steps at every batch, predict this one's):")
-        by_model = calibrate.leave_one_group_out(cfg["base"], timings, models, fields=FLAGS.fit_fields,
+        by_model = model_fit.leave_one_group_out(cfg["base"], timings, models, fields=FLAGS.fit_fields,
                                                  **fit_kwargs)
         for m, e in by_model.items():
             batches = [r["batch"] for r in records if r["model"] == m]
@@ -228,7 +231,7 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
             print(f"  {int(a.message_bytes):>9d} B x {a.ranks}: measured {1e3 * a.measured_s:8.3f} ms, "
                   f"error {100 * e:+6.1f}%")
     samples = [r["samples"] for r in records if r.get("samples")]
-    summary["compute_cv"] = calibrate.estimate_cv(samples) if samples else None
+    summary["compute_cv"] = model_fit.estimate_cv(samples) if samples else None
     if summary["compute_cv"] is not None:
         print(f"\ncompute-time jitter (robust cv of repeated steps, median over steps): {summary['compute_cv']:.4f}")
     return summary, machine
@@ -237,7 +240,7 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
-    # Before JAX starts its threads (see jaxsprint/cpu/hostmem.py); the steps run on one device.
+    # Before JAX starts its threads (see jaxsprint/train/cpu/hostmem.py); the steps run on one device.
     cfg = check_flags()
     print(cpu.configure_host_memory(FLAGS.cpu_kernels), flush=True)
     all_cpus = None
@@ -246,7 +249,7 @@ def main(argv: list[str]) -> None:
         all_cpus = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {min(all_cpus)})
     if FLAGS.measurements:
-        meas = presets.load_measurements(FLAGS.measurements, "--measurements")
+        meas = measurements.load_measurements(FLAGS.measurements, "--measurements")
     else:
         meas = measure(cfg, all_cpus)
         raw = os.path.splitext(FLAGS.out)[0] + "_measurements.json"

@@ -5,7 +5,7 @@ r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` p
   python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only \
       --runs_from=docs/runtime-calibration-runs/results.json   # stage 3 on validate_runtime.py --grid=calibration
 
-The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machine at hand):
+The calibration set (``jaxsprint.calibration.timing`` and ``jaxsprint.runtime`` on the machine at hand):
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``, every
      sample kept (the fit takes their mean), and the cores that step keeps busy (process CPU time over wall
      time, in this process of 8 devices: a runtime process has several; the start of the fit of
@@ -19,7 +19,7 @@ The calibration set (``jaxsprint.timing`` and ``jaxsprint.runtime`` on the machi
 the stored runs, so that a later ``--fit_only`` refits the same set. Prefer them: the default runs (one host, one
 sub-batch) leave the two-host figures unfitted and the sub-batch dependence of a step's cores unconstrained
 (docs/sprint-runtime.md measured them predicting the validation grid 41% off in the mean mini-batch). Then
-``jaxsprint.perf.runtime_calibration.fit_all`` fits the compute, network, sharing and updater figures
+``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures
 (and both cvs), starting from the ``cpu_runtime`` preset. ``--out`` gets the measurements, the fit and the
 preset (a ``--machine_file`` for the launchers); the script prints the ``CPU_RUNTIME_CALIBRATION`` block for
 ``jaxsprint/perf/machines.py``.
@@ -102,7 +102,8 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     import shutil
     import tempfile
 
-    from jaxsprint import runtime, timing
+    from jaxsprint import runtime
+    from jaxsprint.calibration import timing
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
@@ -148,30 +149,32 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 
 def fit(config, measurements):
-    """The :class:`~jaxsprint.perf.runtime_calibration.RuntimeFit` of stored measurements, from cpu_runtime."""
-    from jaxsprint import timing
-    from jaxsprint.perf import calibrate, machines, runtime_calibration
+    """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
+    from jaxsprint.calibration import timing
+    from jaxsprint.calibration import model_fit, host_fit
+    from jaxsprint.perf import machines
 
     import numpy as np
 
     net = timing.runtime_network(config)
-    steps = [calibrate.StepTiming(net, int(s["sub_batch"]), runtime_calibration.gradient_step_seconds(s), 0.0,
+    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), host_fit.gradient_step_seconds(s), 0.0,
                                   f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
-    ars = [calibrate.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
+    ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
-    runs = [runtime_calibration.RuntimeRun.from_record(r) for r in measurements["runs"]]
-    result = runtime_calibration.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
+    runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
+    result = host_fit.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
                                          step_cores=float(np.median(cores)) if cores else None)
     return result
 
 
 def preset_block(fitted):
     """The ``CPU_RUNTIME_CALIBRATION`` block for jaxsprint/perf/machines.py (4 significant digits)."""
-    from jaxsprint.perf import machines, runtime_calibration
+    from jaxsprint.perf import machines
+    from jaxsprint.calibration import host_fit
 
     keys = [k for k in machines.CPU_RUNTIME_CALIBRATION if k in fitted]
-    keys += [k for k in runtime_calibration.RUNTIME_FIELDS if k in fitted and k not in keys]  # figures new to it
+    keys += [k for k in host_fit.RUNTIME_FIELDS if k in fitted and k not in keys]  # figures new to it
     body = ", ".join(f"{k}={float(f'{fitted[k]:.4g}')!r}" for k in keys)
     return f"CPU_RUNTIME_FITTED = True\nCPU_RUNTIME_CALIBRATION = dict({body})"
 
@@ -180,7 +183,7 @@ def main(argv):
     del argv
     from experiments import studies
     from jaxsprint.errors import check
-    from jaxsprint.perf import calibrate
+    from jaxsprint.calibration import model_fit
 
     config = _CONFIG.value
     out = _OUT.value
@@ -219,7 +222,7 @@ def main(argv):
                                 command=" ".join(["python experiments/calibrate_runtime.py"] + sys.argv[1:])))
     print(f"stage errors: compute {result.stages.get('compute', {}).get('steps')}, "
           f"network {result.stages.get('network', {}).get('allreduces')}")
-    print(f"runs: T_c {calibrate.error_stats(result.compute_errors)}, T_u {calibrate.error_stats(result.update_errors)}")
+    print(f"runs: T_c {model_fit.error_stats(result.compute_errors)}, T_u {model_fit.error_stats(result.update_errors)}")
     for f, v in result.fitted.items():
         print(f"  {f:36s} {v:12.4g}")
     print("\n# for jaxsprint/perf/machines.py:\n" + preset_block(result.fitted))

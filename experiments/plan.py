@@ -97,16 +97,16 @@ def _floats(field: str, values: list[str] | None) -> list[float] | None:
 
 def resolve() -> dict[str, Any]:
     """Checks every flag (nothing is read or written before); then loads the machine, network and data."""
-    from jaxsprint import convergence, planner
+    from jaxsprint.plan import emulator, planner
     from jaxsprint.perf import presets, zoo
     from jaxsprint.perf import space as spaces
 
     if FLAGS.target_accuracy is None:
         raise ConfigError("--target_accuracy", None, "a fraction in (0, 1]; the flag is required")
     planner.check_target_accuracy(FLAGS.target_accuracy)
-    check(FLAGS.model in convergence.PROXY_MODELS, "--model", FLAGS.model,
-          f"one of {', '.join(convergence.PROXY_MODELS)} (proxy networks)")
-    from jaxsprint import data as data_lib
+    check(FLAGS.model in emulator.PROXY_MODELS, "--model", FLAGS.model,
+          f"one of {', '.join(emulator.PROXY_MODELS)} (proxy networks)")
+    from jaxsprint.train import data as data_lib
     check(FLAGS.data in data_lib.BUILTIN or bool(FLAGS.data_dir), "--data", FLAGS.data,
           f"one of {', '.join(data_lib.BUILTIN)}, or a TFDS dataset name with --data_dir")
     limits = _floats("--staleness_limits", FLAGS.staleness_limits)
@@ -119,7 +119,7 @@ def resolve() -> dict[str, Any]:
     if not FLAGS.network:
         raise ConfigError("--network", FLAGS.network, f"one of {', '.join(sorted(zoo.ZOO))}")
     net = zoo.get(FLAGS.network)
-    data = convergence.load_proxy_data(FLAGS.data, data_dir=FLAGS.data_dir)
+    data = emulator.load_proxy_data(FLAGS.data, data_dir=FLAGS.data_dir)
     dataset_size = FLAGS.dataset_size or data.num_train
     scale = FLAGS.minibatch_scale if FLAGS.minibatch_scale is not None else dataset_size / data.num_train
     opts = planner.PlanOptions(
@@ -129,18 +129,18 @@ def resolve() -> dict[str, Any]:
                                                                                      FLAGS.budget_runs),
         search_starts=FLAGS.search_starts)
     opts.validate()
-    emulator = convergence.Emulator(data, FLAGS.model, seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
+    emulator = emulator.Emulator(data, FLAGS.model, seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
                                     eval_every=FLAGS.eval_every, momentum=FLAGS.momentum, width=FLAGS.width)
     space = spaces.make_space(net, machine, max_nodes=FLAGS.max_nodes, max_gpus_per_node=FLAGS.max_gpus_per_node,
                               max_sub_batch=FLAGS.max_sub_batch, dataset_size=dataset_size)
     lo, hi = mb_range if mb_range is not None else (8.0 * scale, 256.0 * scale)
-    from jaxsprint.perf import plan as plan_lib
+    from jaxsprint.plan import law as plan_lib
     ladder = plan_lib.minibatch_ladder(lo, hi, FLAGS.ladder)
     if FLAGS.max_staleness is not None:
         check(math.isfinite(FLAGS.max_staleness) and FLAGS.max_staleness > 1, "--max_staleness",
               FLAGS.max_staleness, "a finite number > 1")
     return dict(space=space, emulator=emulator, opts=opts, ladder=ladder, limits=limits, scale=scale,
-                cache=convergence.RunCache(FLAGS.cache_dir or None))
+                cache=emulator.RunCache(FLAGS.cache_dir or None))
 
 
 def _fmt(v, spec=".4g", none="-"):
@@ -229,44 +229,44 @@ def plot(path: str, report: dict[str, Any]) -> None:
 def validate_runtime() -> dict[str, Any]:
     """--runtime_configs: measured time to accuracy on the SPRINT runtime beside the law's prediction."""
     from experiments.configs import sprint as sprint_config
-    from jaxsprint import convergence, planner, plan_runtime
+    from jaxsprint.plan import emulator, planner, validation
 
     if FLAGS.target_accuracy is None:
         raise ConfigError("--target_accuracy", None, "a fraction in (0, 1]; the flag is required")
     target = planner.check_target_accuracy(FLAGS.target_accuracy)
-    configs = plan_runtime.parse_configs(FLAGS.runtime_configs)
+    configs = validation.parse_configs(FLAGS.runtime_configs)
     check(bool(FLAGS.runtime_workdir), "--runtime_workdir", FLAGS.runtime_workdir, "a directory for the runs")
     base = sprint_config.get_config()
     with base.unlocked():  # --momentum is the runtime's too, so that both sides train the same optimizer
         base.optimizer.momentum = float(FLAGS.momentum)
-    data = convergence.load_proxy_data("digits")
-    em = convergence.Emulator(data, "tiny_nobn", seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
+    data = emulator.load_proxy_data("digits")
+    em = emulator.Emulator(data, "tiny_nobn", seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
                               eval_every=FLAGS.eval_every, momentum=float(base.optimizer.momentum),
                               weight_decay=float(base.optimizer.weight_decay))
-    cache = convergence.RunCache(FLAGS.cache_dir or None)
+    cache = emulator.RunCache(FLAGS.cache_dir or None)
     measured, cells = [], []
     for n, b, t in configs:
-        cfg = plan_runtime.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
+        cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
                                           num_updates=FLAGS.runtime_updates, eval_every_updates=FLAGS.eval_every,
                                           learning_rate=FLAGS.base_lr)
-        m = plan_runtime.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target,
+        m = validation.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target,
                                  reuse=FLAGS.runtime_reuse)
         # Each emulated run at its own bucket (its result does not depend on it): carrying the largest one
         # over, as the planner does to share one compilation, made every later run several times slower.
-        spec = plan_runtime.emulated_spec(m, FLAGS.base_lr)
+        spec = validation.emulated_spec(m, FLAGS.base_lr)
         measured.append(m)
         cells.append(cache.run(em, spec))
         if not FLAGS.json:
             print(f"  {n} learners, sub-batch {b}, network {t:g} s: staleness {m['mean_staleness']:.3g}, mini-batch "
                   f"{m['mean_minibatch']:.4g}, measured U {m['updates_to_target']}, time {m['time_to_accuracy_s']}",
                   flush=True)
-    return plan_runtime.compare(measured, cells, target, em.max_updates)
+    return validation.compare(measured, cells, target, em.max_updates)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
-    from jaxsprint import planner
+    from jaxsprint.plan import planner
 
     if FLAGS.runtime_configs:
         out = validate_runtime()

@@ -39,7 +39,7 @@ def main(argv):
     import jax
     import orbax.checkpoint as ocp
 
-    from jaxsprint import cpu, metrics, models, parallel, settings, train
+    from jaxsprint.train import cpu, metrics, models, parallel, settings, trainer
 
     config = _CONFIG.value
     cpu.validate_config(config)
@@ -53,8 +53,8 @@ def main(argv):
     with polishing.unlocked():
         polishing.polish.mode = "recompute" if config.polish.mode in ("none", "recompute") else "both"
     settings.validate_run(polishing, parallel.make_mesh(config.num_devices).size)
-    exp = train.build_experiment(config)
-    restored = train.load_checkpoint(exp, _WORKDIR.value)
+    exp = trainer.build_experiment(config)
+    restored = trainer.load_checkpoint(exp, _WORKDIR.value)
     if restored is None:
         raise CheckpointError("--workdir", _WORKDIR.value, f"no checkpoint found in {ckpt_dir}")
     state, step, _ = restored

@@ -72,7 +72,8 @@ def _check_flags() -> None:
 
 
 def _initialize_distributed(config) -> None:
-    from jaxsprint import parallel, runtime
+    from jaxsprint.train import parallel
+    from jaxsprint import runtime
 
     kwargs = parallel.distributed_init_kwargs(os.environ, coordinator_address=_COORD.value,
                                               num_processes=_NPROC.value, process_id=_PID.value)
@@ -112,7 +113,8 @@ def main(argv):
     specs = _SPECS.value and _CONFIG.value is not None
     if specs:
         _check_machine()
-    from jaxsprint.runtime import compare, events
+    from jaxsprint.calibration import compare
+    from jaxsprint.runtime import events
 
     config = _CONFIG.value
     eval_accuracy, machine, process_index = None, None, 0
@@ -124,7 +126,8 @@ def main(argv):
             with open(summary) as fh:
                 eval_accuracy = json.load(fh).get("eval", {}).get("accuracy")
     else:
-        from jaxsprint import cpu, runtime
+        from jaxsprint.train import cpu
+        from jaxsprint import runtime
 
         print_info = cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
         if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO

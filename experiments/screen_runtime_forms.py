@@ -5,7 +5,7 @@ A screening tool, not the library's model: it reads the measured cycle means of 
 (``docs/runtime-calibration.json``; each the mean of its samples, as the calibration takes it), fits the form
 below to every run but one (scipy ``least_squares`` on the log errors of ``T_c`` and ``T_u``) and predicts the
 one left out, as
-:func:`jaxsprint.perf.runtime_calibration.cross_validate` does for :mod:`jaxsprint.perf.times`. The errors it
+:func:`jaxsprint.calibration.host_fit.cross_validate` does for :mod:`jaxsprint.perf.times`. The errors it
 prints are those of the cycle means; the epoch time's error is ``T_c``'s and the mean mini-batch's is
 ``(1 + e_u) / (1 + e_c) - 1`` (mean mini-batch = sub-batch x learners x ``T_u / T_c``). On the saved grid
 these match the errors ``validate_runtime.py`` reports from the full model (which also depend on the cycles'
@@ -40,7 +40,7 @@ from absl import flags
 
 from jaxsprint import cli
 from jaxsprint.errors import check
-from jaxsprint.perf import runtime_calibration
+from jaxsprint.calibration import host_fit
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -90,7 +90,7 @@ def load_runs(results: str, calibration: str) -> list[dict]:
     for name, path in (("--results", results), ("--calibration", calibration)):
         check(os.path.isfile(path), name, path, "an existing JSON file")
     with open(calibration) as fh:
-        steps = {int(s["sub_batch"]): runtime_calibration.gradient_step_seconds(s)
+        steps = {int(s["sub_batch"]): host_fit.gradient_step_seconds(s)
                  for s in json.load(fh)["measurements"]["gradient_steps"]}
     with open(results) as fh:
         grid = json.load(fh)["runs"]

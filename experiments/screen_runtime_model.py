@@ -4,7 +4,7 @@ Each ``--grid`` is a saved ``validate_runtime.py`` grid (its ``results.json``: t
 run) with the ``calibrate_runtime.py`` output of the machine it ran on (compute figures, the measured cores of a
 lone step). For every variant of the form (which runtime figures stage 3 fits, and which terms are on) and every
 smooth-maximum exponent ``k`` (:data:`jaxsprint.perf.times.RUNTIME_SHARPNESS`), each run of a grid is predicted
-by the machine refitted to the grid's OTHER runs (:func:`jaxsprint.perf.runtime_calibration.cross_validate`, as
+by the machine refitted to the grid's OTHER runs (:func:`jaxsprint.calibration.host_fit.cross_validate`, as
 ``validate_runtime.py --specs=loo`` does). The errors printed are those of the cycle means: the epoch time's
 error is ``T_c``'s, the mean mini-batch's ``(1 + e_u) / (1 + e_c) - 1`` (mean mini-batch = sub-batch x
 learners x ``T_u / T_c``); the full model's (``validate_runtime.py --reanalyse``, which also depend on the
@@ -55,7 +55,8 @@ _EXPONENT = flags.DEFINE_multi_float("exponent", [8.0, 4.0], "Smooth-maximum exp
 
 def load_grid(spec: str):
     """``(label, machine, measured lone-step cores, runs)`` of one ``RESULTS_JSON,CALIBRATION_JSON`` spec."""
-    from jaxsprint.perf import presets, runtime_calibration as rc
+    from jaxsprint.perf import presets
+    from jaxsprint.calibration import host_fit as rc
 
     parts = spec.split(",")
     check(len(parts) == 2, "--grid", spec, "RESULTS_JSON,CALIBRATION_JSON")
@@ -82,7 +83,7 @@ def variant(name: str, machine, measured_step_cores: float):
     """``(fields, machine)`` of a variant (module docstring)."""
     import jax.numpy as jnp
 
-    from jaxsprint.perf import runtime_calibration as rc
+    from jaxsprint.calibration import host_fit as rc
 
     earlier = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                "updater_hosts_stretch", "updater_queue")
@@ -98,7 +99,7 @@ def variant(name: str, machine, measured_step_cores: float):
 
 def loo_errors(machine, network, runs, fields) -> np.ndarray:
     """``[runs, 2]``: each run's epoch-time and mean-mini-batch errors, predicted from the other runs' fit."""
-    from jaxsprint.perf import runtime_calibration as rc
+    from jaxsprint.calibration import host_fit as rc
 
     out = []
     for m, r in zip(rc.cross_validate(machine, network, runs, fields=fields), runs):
@@ -117,7 +118,7 @@ def main(argv):
 
     from experiments.configs import sprint
     from jaxsprint.perf import times
-    from jaxsprint.runtime import compare
+    from jaxsprint.calibration import compare
 
     grids = [load_grid(spec) for spec in _GRID.value]
     network = compare.network_cost(sprint.get_config())

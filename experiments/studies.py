@@ -2,7 +2,7 @@
 results (JSON, resumable), a Markdown table and a plot.
 
 Lives beside the launchers, not in the library: it writes files and draws figures, and it runs the trainer
-(``jaxsprint.train.train_and_evaluate``) as a black box through its public API.
+(``jaxsprint.train.trainer.train_and_evaluate``) as a black box through its public API.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxsprint import cli, parallel, settings, train
+from jaxsprint import cli
+from jaxsprint.train import parallel, settings, trainer
 from jaxsprint.errors import ConfigError, NonFiniteError, check
 
 __all__ = ["fmt_cell", "load_json", "loss_curve", "markdown_table", "mean_std", "pyplot", "require_study",
@@ -81,7 +82,7 @@ def run_cell(config) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="jaxsprint-study-")
     try:
         try:
-            summary = train.train_and_evaluate(config, workdir)
+            summary = trainer.train_and_evaluate(config, workdir)
         except NonFiniteError as e:
             return {"diverged": True, "diverged_step": e.step, "eval_accuracy": float("nan"),
                     "eval_polished_accuracy": float("nan"), "final_train_loss": float("nan"),

@@ -34,7 +34,7 @@ def validate_study(base) -> None:
       ConfigError: naming the first bad ``config.study`` field.
     """
     from experiments import studies
-    from jaxsprint import staleness
+    from jaxsprint.emulation import staleness
     from jaxsprint.errors import check
 
     studies.require_study(base, ("mean_staleness", "kinds", "mitigations", "seeds"))

@@ -8,7 +8,7 @@ For every configuration of ``config.study`` (learners, emulated network time) an
      the measured staleness pmf (per gradient) and count pmf (gradients per update), without the warm-up
      (``jaxsprint.runtime.events.statistics``), and its final test accuracy;
   2. **emulator**: the same network, data, augmentation, optimizer and peak learning rate trained by
-     ``jaxsprint.train`` with ``config.async_emulation`` drawing each update's delay from that run's measured
+     ``jaxsprint.train.trainer`` with ``config.async_emulation`` drawing each update's delay from that run's measured
      staleness pmf (``sampler="pmf"``) and its sub-batch count from the measured count pmf conditioned on
      K >= 1 (``num_sub_batches`` = the largest count seen, ``k_pmf``), BatchNorm over groups of one sub-batch,
      for as many updates as the runtime run applied (its non-empty cycles: an empty cycle changes nothing).
@@ -177,7 +177,7 @@ def main(argv):
     import jax
 
     from experiments import studies
-    from jaxsprint import train
+    from jaxsprint.train import trainer
 
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
@@ -202,7 +202,7 @@ def main(argv):
             if f"{key}_emulator" not in results:
                 rt = results[f"{key}_runtime"]
                 cfg = emulator_config(base, i, seed, rt, rt["applied_updates"])
-                train.validate_config(cfg, 1)
+                trainer.validate_config(cfg, 1)
                 t = time.time()
                 r = studies.run_cell(cfg)
                 r = {k: v for k, v in r.items() if k != "loss_curve"}

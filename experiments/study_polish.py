@@ -97,7 +97,7 @@ def cell_values(results, b, seeds, mode):
 
 def write_report(base, results):
     from experiments import studies
-    from jaxsprint import parallel
+    from jaxsprint.train import parallel
 
     devices = parallel.make_mesh(base.num_devices).size
     seeds, batches = list(base.study.seeds), list(base.study.batch_sizes)

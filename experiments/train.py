@@ -26,7 +26,7 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-pro
 
 
 def check_flags() -> None:
-    """The launcher's own flags (the config is `jaxsprint.settings`'): before anything starts or is written."""
+    """The launcher's own flags (the config is `jaxsprint.train.settings`'): before anything starts or is written."""
     for flag in (_NPROC, _PID):
         if flag.value is not None and flag.value < (1 if flag is _NPROC else 0):
             raise ConfigError(f"--{flag.name}", flag.value, "an integer >= 1" if flag is _NPROC else
@@ -42,7 +42,7 @@ def main(argv):
     if not _WORKDIR.value:
         raise ConfigError("--workdir", _WORKDIR.value, "a directory is required")
     check_flags()
-    from jaxsprint import cpu, metrics, parallel, settings, train
+    from jaxsprint.train import cpu, metrics, parallel, settings, trainer
 
     config = _CONFIG.value
     cpu.validate_config(config)
@@ -54,7 +54,7 @@ def main(argv):
     # Every setting, and the estimated memory, before the data is read or the workdir is touched.
     settings.validate_run(config, parallel.make_mesh(config.num_devices).size)
     logging.info(allocator)
-    summary = train.train_and_evaluate(config, _WORKDIR.value)
+    summary = trainer.train_and_evaluate(config, _WORKDIR.value)
     print(metrics.format_summary(summary))
     logging.info("summary written to %s", os.path.join(_WORKDIR.value, "summary.json"))
 

@@ -19,9 +19,9 @@ percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet 
 the cores with everything else.
 
 The specs prediction (``--specs``): ``loo`` (the default) predicts each run with the --machine preset whose
-runtime figures (:data:`jaxsprint.perf.runtime_calibration.RUNTIME_FIELDS`: the learners' host work, the
+runtime figures (:data:`jaxsprint.calibration.host_fit.RUNTIME_FIELDS`: the learners' host work, the
 updater's overhead, per-learner cost, cores, two-host stretch and queue) are refitted to the measured cycle means
-of the OTHER runs of the grid (leave one out, :func:`jaxsprint.perf.runtime_calibration.cross_validate`; the
+of the OTHER runs of the grid (leave one out, :func:`jaxsprint.calibration.host_fit.cross_validate`; the
 compute and network figures and the measured cores of a lone step stay the preset's); ``preset`` uses the
 preset as it is.
 
@@ -125,7 +125,7 @@ def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updat
 
 def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
     """Specs estimates of ``(T_c, T_u)`` per configuration (the plan of the durations)."""
-    from jaxsprint.runtime import compare
+    from jaxsprint.calibration import compare
 
     network = compare.network_cost(config)
     out = {}
@@ -197,7 +197,7 @@ def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overr
 
 def summarize(rows: list[dict]) -> dict:
     """Median and 90th percentile of each absolute error over the runs, from timings and from specs."""
-    from jaxsprint.runtime import compare
+    from jaxsprint.calibration import compare
 
     out = {}
     for source in ("timings", "specs"):
@@ -329,11 +329,12 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     Each run: ``events.statistics`` of its log, the model from timings, and from specs (``config`` with
     ``overrides`` and the log's learners per host, hosts, sub-batch and network time) with ``machine``
     (``specs="preset"``) or, leave one out, with ``machine`` refitted to the measured cycles of every other
-    run (``specs="loo"``, :func:`jaxsprint.perf.runtime_calibration.cross_validate`). The old
+    run (``specs="loo"``, :func:`jaxsprint.calibration.host_fit.cross_validate`). The old
     ``results.json`` (if any) gives each run's duration and evaluation accuracy and the overrides.
     """
-    from jaxsprint.perf import runtime_calibration
-    from jaxsprint.runtime import compare, events
+    from jaxsprint.calibration import host_fit
+    from jaxsprint.calibration import compare
+    from jaxsprint.runtime import events
 
     old_path = os.path.join(out, "results.json")
     old = {}
@@ -361,9 +362,9 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     names = [n for n in names if n in stats]
     machines = {n: machine for n in names}
     if specs == "loo" and len(names) >= 2:
-        runs = [runtime_calibration.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n})
+        runs = [host_fit.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n})
                 for n in names]
-        machines = dict(zip(names, runtime_calibration.cross_validate(machine, network, runs)))
+        machines = dict(zip(names, host_fit.cross_validate(machine, network, runs)))
     for name in names:
         try:
             m = stats[name]

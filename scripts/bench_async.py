@@ -21,7 +21,7 @@ def main(argv):
     check(_STEPS.value >= 1, "--steps", _STEPS.value, "must be positive")
     check(_MAX_STALENESS.value >= 1, "--max_staleness", _MAX_STALENESS.value, "must be positive")
     from experiments.configs import default
-    from jaxsprint import cpu
+    from jaxsprint.train import cpu
 
     config = default.get_config()
     print(cpu.configure_host_memory(config.cpu_kernels), flush=True)  # as the trainer does, before JAX starts
@@ -29,9 +29,10 @@ def main(argv):
     import numpy as np
     import optax
 
-    from jaxsprint import parallel, staleness, train
+    from jaxsprint.train import parallel, trainer
+    from jaxsprint.emulation import staleness
 
-    exp = train.build_experiment(config)
+    exp = trainer.build_experiment(config)
     tau = _MAX_STALENESS.value
     variants = {
         "plain": exp.tx,
@@ -47,9 +48,9 @@ def main(argv):
     shape = (1, config.image_size, config.image_size, exp.dataset.channels)
     runners, mem = {}, {}
     for name, tx in variants.items():
-        state = jax.jit(lambda k, tx=tx: train.create_train_state(k, exp.model, tx, shape), out_shardings=rep)(
+        state = jax.jit(lambda k, tx=tx: trainer.create_train_state(k, exp.model, tx, shape), out_shardings=rep)(
             jax.random.key(0))
-        step = jax.jit(train.make_train_step(model=exp.model, num_classes=exp.dataset.num_classes,
+        step = jax.jit(trainer.make_train_step(model=exp.model, num_classes=exp.dataset.num_classes,
                                              num_shards=exp.mesh.size, mesh=exp.mesh),
                        in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
                        compiler_options=exp.accel.compiler_options)

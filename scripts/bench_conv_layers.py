@@ -1,7 +1,7 @@
 """Per-layer convolution times of ResNet-20 at batch 128: forward, input gradient, filter gradient.
 
 Shows where a CPU train step loses to PyTorch: each ResNet-20 convolution shape is timed alone, in JAX
-(``xla``: ``lax.conv_general_dilated`` and its own gradient; ``fast``: ``jaxsprint.cpu.conv.make_conv("fast")``,
+(``xla``: ``lax.conv_general_dilated`` and its own gradient; ``fast``: ``jaxsprint.train.cpu.conv.make_conv("fast")``,
 jitted with the options the trainer uses on this device count) and, with --torch, in PyTorch eager (oneDNN, NCHW).
 
 Each pass is timed as the median of ``--reps`` calls, ``--rounds`` rounds interleaved over the
@@ -51,8 +51,8 @@ def jax_passes(impl: str, n: int, h: int, ci: int, co: int, k: int, s: int):
     import numpy as np
     from jax import lax
 
-    from jaxsprint import cpu
-    from jaxsprint.cpu import conv as cpu_conv
+    from jaxsprint.train import cpu
+    from jaxsprint.train.cpu import conv as cpu_conv
 
     fn = lax.conv_general_dilated if impl == "xla" else cpu_conv.make_conv("fast")
     # The options a trainer with the switch at "auto" jits its step with (None on several devices).
@@ -118,7 +118,7 @@ def main(argv) -> None:
         check(flag.value >= 1, name, flag.value, "must be positive")
     batch, rounds, reps = _BATCH.value, _ROUNDS.value, _REPS.value
 
-    from jaxsprint import cpu
+    from jaxsprint.train import cpu
 
     print(f"# {cpu.configure_host_memory('auto')}", flush=True)  # the trainer's allocator policy, before JAX starts
     import jax

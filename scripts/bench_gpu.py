@@ -1,6 +1,6 @@
 r"""Train-step throughput and model FLOP utilisation on one accelerator: ResNet-50, 224x224, bfloat16, batch 256.
 
-The project's own step (``jaxsprint.train.make_train_step``, SGD with momentum, jitted with the state donated)
+The project's own step (``jaxsprint.train.trainer.make_train_step``, SGD with momentum, jitted with the state donated)
 on one device. FLOPs per step come from XLA's cost analysis of the compiled step (the program that runs, so
 the backward pass and the optimizer update are counted as XLA executes them). After --warmup steps, --rounds
 rounds of --steps back-to-back steps are timed, blocking once per round (scripts/benchlib.py
@@ -30,7 +30,7 @@ from jaxsprint.errors import check
 
 H200_SXM_DENSE_BF16_FLOPS = 989.5e12  # NVIDIA H200 datasheet: 1,979 TFLOPS BF16 with 2:4 sparsity, / 2
 
-_MODEL = flags.DEFINE_string("model", "resnet50", "Network of jaxsprint.models.")
+_MODEL = flags.DEFINE_string("model", "resnet50", "Network of jaxsprint.train.models.")
 _BATCH = flags.DEFINE_integer("batch", 256, "Batch size (one device).")
 _IMAGE = flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
 _CLASSES = flags.DEFINE_integer("num_classes", 1000, "Logits.")
@@ -49,18 +49,18 @@ def measure(*, model_name: str, batch: int, image_size: int, num_classes: int, d
     import numpy as np
     import optax
 
-    from jaxsprint import models, train
+    from jaxsprint.train import models, trainer
 
     device = jax.devices()[0]
     model = models.create_model(model_name, num_classes=num_classes, dtype=dtype)
     tx = optax.sgd(0.1, momentum=0.9)
     shape = (1, image_size, image_size, 3)
-    state = jax.jit(lambda k: train.create_train_state(k, model, tx, shape))(jax.random.key(0))
+    state = jax.jit(lambda k: trainer.create_train_state(k, model, tx, shape))(jax.random.key(0))
     rng = np.random.default_rng(0)
     images = jax.device_put(rng.normal(size=(batch, image_size, image_size, 3)).astype(np.float32), device)
     labels = jax.device_put(rng.integers(0, num_classes, batch).astype(np.int32), device)
     weights = jax.device_put(np.ones(batch, np.float32), device)
-    step = jax.jit(train.make_train_step(model=model, num_classes=num_classes), donate_argnums=0)
+    step = jax.jit(trainer.make_train_step(model=model, num_classes=num_classes), donate_argnums=0)
     t0 = time.perf_counter()
     compiled = step.lower(state, images, labels, weights).compile()
     compile_s = time.perf_counter() - t0
@@ -99,7 +99,7 @@ def main(argv):
         check(flag.value >= 1, name, flag.value, "must be positive")
     check(_WARMUP.value >= 0, "--warmup", _WARMUP.value, "must be >= 0")
     check(_PEAK.value > 0, "--peak_flops", _PEAK.value, "must be positive (FLOP/s)")
-    from jaxsprint import models
+    from jaxsprint.train import models
 
     check(_MODEL.value in models.MODELS, "--model", _MODEL.value, f"allowed: {', '.join(sorted(models.MODELS))}")
     out = measure(model_name=_MODEL.value, batch=_BATCH.value, image_size=_IMAGE.value, num_classes=_CLASSES.value,

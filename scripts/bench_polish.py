@@ -23,16 +23,16 @@ def main(argv):
     check(_STEPS.value >= 1, "--steps", _STEPS.value, "must be positive")
     check(_ROUNDS.value >= 1, "--rounds", _ROUNDS.value, "must be positive")
     from experiments.configs import default
-    from jaxsprint import cpu
+    from jaxsprint.train import cpu
 
     config = default.get_config()
     print(cpu.configure_host_memory(config.cpu_kernels), flush=True)  # as the trainer does, before JAX starts
     import jax
     import numpy as np
 
-    from jaxsprint import parallel, polish, train
+    from jaxsprint.train import parallel, polish, trainer
 
-    exp = train.build_experiment(config)
+    exp = trainer.build_experiment(config)
     b = exp.hp.global_batch
     state = exp.init_state()
     batch = exp.dataset.train.get_batch(np.arange(b))

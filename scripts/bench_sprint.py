@@ -4,7 +4,7 @@ For each learner count N of --learners, in one process:
   * **asynchronous**: ``jaxsprint.runtime.run`` with N learners on N devices at --sub_batch, no emulated
     network, for --duration_s; images/s after the warm-up (``runtime.events.statistics``: gradients that
     ended in the measured window x sub-batch / its length);
-  * **synchronous**: ``jaxsprint.train``'s jitted step (``train.build_experiment``: the same model, optimizer
+  * **synchronous**: ``jaxsprint.train.trainer``'s jitted step (``trainer.build_experiment``: the same model, optimizer
     and augmentation) on a mesh of the same N devices, global batch N x sub-batch, BatchNorm per device (the
     sub-batch, as a learner's), each step reading its batch from the host, for about as long; images/s over
     the steps after the first ones (compilation and warm-up).
@@ -66,7 +66,7 @@ def synchronous(config, devices: int) -> dict:
     import jax
     import numpy as np
 
-    from jaxsprint import parallel, train
+    from jaxsprint.train import parallel, trainer
 
     c = copy.deepcopy(config)
     with c.unlocked():
@@ -74,7 +74,7 @@ def synchronous(config, devices: int) -> dict:
         c.bn.reduction = "per_device"
         c.num_train_steps = 1_000_000
         c.async_emulation.enabled = False
-    exp = train.build_experiment(c)
+    exp = trainer.build_experiment(c)
     b = exp.hp.global_batch
     state = exp.init_state()
     ones = parallel.shard_batch({"w": np.ones(b, np.float32)}, exp.mesh)["w"]

@@ -2,7 +2,7 @@ r"""Train-step throughput of the project's own jitted step: images/s, GFLOP/s an
 
 Rows: ResNet-20 (32x32, CIFAR-10) at global batch 32 / 128 / 512 and ResNet-50 (224x224, 1000 classes) at 32,
 for each setting of the CPU acceleration switch (``cpu_kernels``: "off" is XLA's own convolution and plain
-BatchNorm, "auto" the jaxsprint.cpu seam), on 1 device and on 8 fake CPU devices (a separate process each,
+BatchNorm, "auto" the jaxsprint.train.cpu seam), on 1 device and on 8 fake CPU devices (a separate process each,
 since the device count is fixed when JAX starts). FLOPs come from XLA's cost analysis of the one-device train
 step built with the switch off (the same count for every setting: XLA cannot count inside the native kernels'
 custom calls). With --torch, the same network in PyTorch eager (CPU, all cores; scripts/benchlib.py) runs in
@@ -76,26 +76,26 @@ def network_flops(name: str, classes: int, size: int, channels: int, step_args) 
     import jax
     import optax
 
-    from jaxsprint import cpu, models, train
+    from jaxsprint.train import cpu, models, trainer
 
     model = models.create_model(name, num_classes=classes, **cpu.acceleration("off").model_kwargs())
     tx = optax.sgd(0.01, momentum=0.9)
-    state = jax.eval_shape(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
+    state = jax.eval_shape(lambda k: trainer.create_train_state(k, model, tx, (1, size, size, channels)),
                            jax.random.key(0))
-    step = train.make_train_step(model=model, num_classes=classes)
+    step = trainer.make_train_step(model=model, num_classes=classes)
     return benchlib.compiled_flops(jax.jit(step), state, *step_args)
 
 
 def worker(rows: list[str], configs: list[tuple[str, str]], steps: int, rounds: int, dtype: str,
            with_torch: bool) -> list[dict]:
-    from jaxsprint import cpu
+    from jaxsprint.train import cpu
 
     print(cpu.configure_host_memory("auto"), file=sys.stderr, flush=True)  # before JAX starts
     import jax
     import numpy as np
     import optax
 
-    from jaxsprint import models, parallel, train
+    from jaxsprint.train import models, parallel, trainer
 
     if with_torch:
         benchlib.set_torch_threads()
@@ -118,9 +118,9 @@ def worker(rows: list[str], configs: list[tuple[str, str]], steps: int, rounds: 
             accel = cpu.acceleration(mode, field="--cpu_kernels")
             model = models.create_model(name, num_classes=classes, dtype=dtype, **accel.model_kwargs())
             tx = optax.sgd(0.01, momentum=0.9)
-            state = jax.jit(lambda k: train.create_train_state(k, model, tx, (1, size, size, channels)),
+            state = jax.jit(lambda k: trainer.create_train_state(k, model, tx, (1, size, size, channels)),
                             out_shardings=rep)(jax.random.key(0))
-            step = train.make_train_step(model=model, num_classes=classes, num_shards=n_dev, mesh=mesh)
+            step = trainer.make_train_step(model=model, num_classes=classes, num_shards=n_dev, mesh=mesh)
             jstep = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
                             compiler_options=accel.compiler_options)
             fwd = jax.jit(lambda v, x: model.apply(v, x, train=False), in_shardings=(rep, dat), out_shardings=dat,

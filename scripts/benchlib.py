@@ -84,7 +84,7 @@ def flops_of(compiled) -> float | None:
     """FLOPs of one call of a compiled XLA program (``jax.jit(f).lower(*args).compile()``), from XLA's cost
     analysis; None when the backend reports none.
 
-    XLA counts only what it can see: custom calls (jaxsprint.cpu's native kernels) count as zero, so count a
+    XLA counts only what it can see: custom calls (jaxsprint.train.cpu's native kernels) count as zero, so count a
     program built without them.
     """
     cost = compiled.cost_analysis()
@@ -117,7 +117,7 @@ def write_json(path: str, obj: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# PyTorch reference networks (eager, CPU). Same layers as jaxsprint.models' ResNet-20 (CIFAR, He et al. 2016
+# PyTorch reference networks (eager, CPU). Same layers as jaxsprint.train.models' ResNet-20 (CIFAR, He et al. 2016
 # section 4.2: 3 stages of 3 basic blocks, 16/32/64 channels, projection shortcuts where the shape changes)
 # and ResNet-50 (bottleneck blocks 3/4/6/3, stride on the 3x3 convolution as in torchvision).
 

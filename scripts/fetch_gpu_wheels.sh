@@ -16,7 +16,7 @@ if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=.venv/bin/python; fi
 
 # name==version, grouped by the package that needs them.
 PACKAGES=(
-  # tensorflow-datasets (jaxsprint.data reads TFDS datasets; tests use tfds.testing.mock_data)
+  # tensorflow-datasets (jaxsprint.train.data reads TFDS datasets; tests use tfds.testing.mock_data)
   tensorflow-datasets==4.9.10 array-record==0.8.6 dm-tree==0.1.10 attrs==26.1.0 immutabledict==4.3.1
   promise==2.3 six==1.17.0 simple-parsing==0.1.9 docstring-parser==0.18.0 tensorflow-metadata==1.21.0
   googleapis-common-protos==1.76.0 termcolor==3.3.0 toml==0.10.2 wrapt==2.5.2 einops==0.8.2

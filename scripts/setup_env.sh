@@ -17,6 +17,6 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -m pip install --quiet -e "$SPEC"
   touch "$STAMP"
 fi
-# Build the native CPU kernels now rather than on first use (jaxsprint/cpu/kernels.py; a few seconds, cached
+# Build the native CPU kernels now rather than on first use (jaxsprint/train/cpu/kernels.py; a few seconds, cached
 # per user and CPU). Without a C++ compiler jaxsprint uses XLA's kernels instead.
-JAX_PLATFORMS=cpu .venv/bin/python -c "from jaxsprint.cpu import kernels; print('native CPU kernels:', 'built' if kernels.available() else 'unavailable (' + kernels.unavailable_reason() + ')')"
+JAX_PLATFORMS=cpu .venv/bin/python -c "from jaxsprint.train.cpu import kernels; print('native CPU kernels:', 'built' if kernels.available() else 'unavailable (' + kernels.unavailable_reason() + ')')"

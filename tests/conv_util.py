@@ -8,9 +8,9 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxsprint import cpu
-from jaxsprint.cpu import conv as jconv
-from jaxsprint.cpu import kernels as native
+from jaxsprint.train import cpu
+from jaxsprint.train.cpu import conv as jconv
+from jaxsprint.train.cpu import kernels as native
 
 DN = ("NHWC", "HWIO", "NHWC")
 

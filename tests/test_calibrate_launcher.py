@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxsprint.perf import calibrate, machines, presets, zoo
+from jaxsprint.calibration import model_fit
+from jaxsprint.perf import machines, presets, zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(ROOT, "experiments", "calibrate.py")
@@ -20,8 +21,8 @@ def _measurements(path, scale=1.3):
                           / scale, efficiency_bwd_weight=truth.efficiency_bwd_weight / scale)
     tables = {"resnet8": zoo.resnet_cifar(1), "resnet20": zoo.resnet_cifar(3)}
     configs = [(m, b) for m in tables for b in (4, 8, 16, 32)]
-    timings = [calibrate.StepTiming(tables[m], b, 1.0, 5.0) for m, b in configs]
-    pred, _ = calibrate.predict_timings(truth, timings)
+    timings = [model_fit.StepTiming(tables[m], b, 1.0, 5.0) for m, b in configs]
+    pred, _ = model_fit.predict_timings(truth, timings)
     steps = [dict(model=m, batch=b, measured_s=float(t), samples=[float(t)] * 3) for (m, b), t in zip(configs, pred)]
     with open(path, "w") as fh:
         json.dump({"measurements": {"steps": steps, "allreduces": []}}, fh)

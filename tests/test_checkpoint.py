@@ -1,4 +1,4 @@
-"""jaxsprint.checkpoint: round trip through orbax; a checkpoint of another state or a truncated one is a
+"""jaxsprint.train.checkpoint: round trip through orbax; a checkpoint of another state or a truncated one is a
 CheckpointError (what differs / which step), and resume="latest_good" falls back."""
 import os
 
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxsprint import checkpoint, data, models, pipeline, train
+from jaxsprint.train import checkpoint, data, models, pipeline, trainer
 from jaxsprint.errors import CheckpointError, ConfigError
 
 
@@ -16,7 +16,7 @@ def _state():
     """A real TrainState as the trainer makes it: jitted, so every leaf is an array."""
     model = models.create_model("tiny", num_classes=10)
     tx = optax.sgd(0.1, momentum=0.9)
-    return jax.jit(lambda key: train.create_train_state(key, model, tx, (1, 8, 8, 1)))(jax.random.key(0))
+    return jax.jit(lambda key: trainer.create_train_state(key, model, tx, (1, 8, 8, 1)))(jax.random.key(0))
 
 
 def test_empty_workdir_restores_nothing(tmp_path):
@@ -60,7 +60,7 @@ def _saved(tmp_path, steps=(2, 4)):
 def test_a_checkpoint_of_another_state_says_what_differs(tmp_path):
     _saved(tmp_path)
     model = models.create_model("tiny", num_classes=10)
-    other = jax.jit(lambda key: train.create_train_state(key, model, optax.adam(0.1), (1, 8, 8, 1)))(
+    other = jax.jit(lambda key: trainer.create_train_state(key, model, optax.adam(0.1), (1, 8, 8, 1)))(
         jax.random.key(0))
     before = sorted(p.name for p in (tmp_path / "checkpoints").rglob("*"))
     with pytest.raises(CheckpointError, match=r"checkpoint step=4.*opt_state.*config.optimizer"):

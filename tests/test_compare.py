@@ -1,4 +1,4 @@
-"""Tests of jaxsprint.runtime.compare: TV, errors, predictions from timings (against simulated logs), specs."""
+"""Tests of jaxsprint.calibration.compare: TV, errors, predictions from timings (against simulated logs), specs."""
 import json
 import math
 
@@ -7,7 +7,8 @@ import pytest
 
 from jaxsprint.errors import ConfigError
 from jaxsprint.perf import machines, sprint, zoo
-from jaxsprint.runtime import compare, events
+from jaxsprint.calibration import compare
+from jaxsprint.runtime import events
 
 
 def test_tv_distance():

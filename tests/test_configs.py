@@ -2,7 +2,7 @@
 import pytest
 
 from experiments.configs import cifar10_resnet20, default, imagenet_resnet50_lars, testing
-from jaxsprint import optim, train
+from jaxsprint.train import optim, trainer
 
 
 @pytest.mark.parametrize("module", [default, testing, cifar10_resnet20, imagenet_resnet50_lars])
@@ -10,7 +10,7 @@ def test_configs_validate(module):
     c = module.get_config()
     if c.dataset != "digits":
         c.data_dir = "/some/tfds/dir"
-    train.validate_config(c, c.num_devices if c.num_devices > 0 else 8)
+    trainer.validate_config(c, c.num_devices if c.num_devices > 0 else 8)
 
 
 def test_imagenet_recipe_numbers():

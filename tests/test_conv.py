@@ -1,4 +1,4 @@
-"""jaxsprint.cpu.conv: values and gradients equal jax.grad of lax.conv_general_dilated."""
+"""jaxsprint.train.cpu.conv: values and gradients equal jax.grad of lax.conv_general_dilated."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxsprint.cpu import conv as jconv
-from jaxsprint.cpu import kernels as native
+from jaxsprint.train.cpu import conv as jconv
+from jaxsprint.train.cpu import kernels as native
 
 from conv_util import (DN, NATIVE_CASES, _assert_case_close, _assert_close, _check_batch_sharded, _inputs,  # noqa: E402
                        _value_and_grads, require_kernels)
@@ -251,7 +251,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np
 from jax import lax
-from jaxsprint.cpu import conv as jconv
+from jaxsprint.train.cpu import conv as jconv
 DN = ("NHWC", "HWIO", "NHWC")
 opts = jconv.compiler_options("auto")
 rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""jaxsprint.cpu: the one switch (config value, environment variable), what each mode hands a model, and that
+"""jaxsprint.train.cpu: the one switch (config value, environment variable), what each mode hands a model, and that
 "require" fails loudly where the kernels cannot be built."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jaxsprint import cpu, models
+from jaxsprint.train import cpu, models
 from jaxsprint.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +43,7 @@ def test_off_hands_the_model_nothing(monkeypatch):
 
 
 def test_auto_on_the_cpu_hands_the_model_the_fused_blocks(monkeypatch):
-    from jaxsprint.cpu import fused, kernels
+    from jaxsprint.train.cpu import fused, kernels
 
     monkeypatch.delenv(cpu.ENV_VAR, raising=False)
     monkeypatch.setattr(kernels, "suits_this_cpu", lambda: (True, ""))  # an AVX-512 CPU, whatever this one is
@@ -57,7 +57,7 @@ def test_auto_on_the_cpu_hands_the_model_the_fused_blocks(monkeypatch):
 def test_auto_without_avx512_uses_xla_and_require_still_uses_the_kernels(monkeypatch):
     """Where the kernels' 16-float vectors do not fit one register, "auto" hands the model XLA's paths (the
     kernels are slower there); "require" still builds and uses them (so CI tests them on any x86 CPU)."""
-    from jaxsprint.cpu import kernels
+    from jaxsprint.train.cpu import kernels
 
     monkeypatch.delenv(cpu.ENV_VAR, raising=False)
     monkeypatch.setattr(kernels, "_cpu_flags", lambda: "flags\t\t: fpu sse2 avx avx2 fma")
@@ -87,8 +87,8 @@ def test_require_fails_loudly_where_the_kernels_cannot_be_built(tmp_path):
     """No compiler (CXX names a missing program) and an empty kernel cache: "require" raises a ConfigError
     naming the setting and the reason, "auto" falls back to XLA's kernels with the custom-VJP convolution."""
     code = (
-        "from jaxsprint import cpu\n"
-        "from jaxsprint.cpu import kernels\n"
+        "from jaxsprint.train import cpu\n"
+        "from jaxsprint.train.cpu import kernels\n"
         "kernels.suits_this_cpu = lambda: (True, '')\n"  # an AVX-512 CPU, whatever this one is
         "a = cpu.acceleration('auto'); assert a.active and not a.kernels, a\n"
         "print(a.describe())\n"

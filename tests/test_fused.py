@@ -1,12 +1,12 @@
-"""jaxsprint.cpu.fused: the fused BatchNorm and blocks equal the plain ones (values, gradients, running
+"""jaxsprint.train.cpu.fused: the fused BatchNorm and blocks equal the plain ones (values, gradients, running
 statistics, parameter names), and the native kernels run exactly where they can."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsprint import cpu, models
-from jaxsprint.cpu import fused
+from jaxsprint.train import cpu, models
+from jaxsprint.train.cpu import fused
 
 from conv_util import kernels_mode, require_kernels
 

@@ -1,4 +1,4 @@
-"""jaxsprint.cpu.hostmem: when the allocator policy applies, and that it removes per-step page faults.
+"""jaxsprint.train.cpu.hostmem: when the allocator policy applies, and that it removes per-step page faults.
 
 The effects need a fresh process (the settings only reach threads that have not allocated yet, and
 the test session already runs JAX on 8 fake devices), so those tests run small driver scripts.
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jaxsprint.cpu import hostmem
+from jaxsprint.train.cpu import hostmem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER = r"""
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
-from jaxsprint.cpu import hostmem
+from jaxsprint.train.cpu import hostmem
 did = hostmem.configure(sys.argv[2])
 import jax, jax.numpy as jnp, numpy as np
 

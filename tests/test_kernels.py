@@ -1,4 +1,4 @@
-"""jaxsprint.cpu.kernels: the native CPU kernels against lax and float64 numpy, their partitioning over a sharded
+"""jaxsprint.train.cpu.kernels: the native CPU kernels against lax and float64 numpy, their partitioning over a sharded
 batch, and the off switch."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxsprint.cpu import kernels as native
+from jaxsprint.train.cpu import kernels as native
 
 from conv_util import (DN, NATIVE_CASES, _assert_case_close, _assert_close, _check_batch_sharded, _inputs,  # noqa: E402
                        require_kernels)
@@ -26,7 +26,7 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 
 def test_native_kernels_equal_lax_directly():
-    """The kernels themselves, on every case (the router in jaxsprint.cpu.conv sends only some shapes there)."""
+    """The kernels themselves, on every case (the router in jaxsprint.train.cpu.conv sends only some shapes there)."""
     require_kernels()
 
     def both(data):
@@ -93,7 +93,7 @@ def test_native_off_switch(tmp_path):
 
     code = (
         "import jax, jax.numpy as jnp\n"
-        "from jaxsprint.cpu import conv, kernels as native\n"
+        "from jaxsprint.train.cpu import conv, kernels as native\n"
         "assert not native.available() and 'JAXSPRINT_CPU_KERNELS' in native.unavailable_reason()\n"
         "x = jnp.ones((2, 6, 6, 3)); w = jnp.ones((3, 3, 3, 16))\n"
         "g = jax.grad(lambda b: jnp.sum(conv.conv_general_dilated(x, b, (1, 1), 'SAME',\n"

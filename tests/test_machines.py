@@ -72,11 +72,12 @@ def test_cpu_preset_is_the_fit_of_its_stored_measurements():
     # as documented (median 6.1%), and it is a minimum of the fit's loss on the fitting half.
     import numpy as np
 
-    from jaxsprint.perf import calibrate, presets
+    from jaxsprint.calibration import model_fit
+    from jaxsprint.calibration import measurements
 
-    steps = presets.step_timings(presets.load_measurements(os.path.join(ROOT, "docs", "perf-calibration.json"))
+    steps = measurements.step_timings(measurements.load_measurements(os.path.join(ROOT, "docs", "perf-calibration.json"))
                                  ["steps"])
-    held = calibrate.holdout_split(len(steps), 0.5, seed=1)
+    held = model_fit.holdout_split(len(steps), 0.5, seed=1)
     fit = [s for s, h in zip(steps, held) if not h]
     test = [s for s, h in zip(steps, held) if h]
     m = mc.get("cpu")
@@ -86,15 +87,15 @@ def test_cpu_preset_is_the_fit_of_its_stored_measurements():
         r = np.log(predicted / measured)
         return np.mean(2 * 0.1 ** 2 * (np.sqrt(1 + (r / 0.1) ** 2) - 1))  # soft_l1, loss_scale 0.1
 
-    on_fit = calibrate.predict_timings(m, fit)[0]  # one prediction (a compilation) for both checks below
-    assert calibrate.error_stats(on_fit / measured - 1)["median_abs_error"] < 0.065
-    pred = calibrate.predict_timings(m, test)[0]
-    assert calibrate.error_stats(pred / np.asarray([s.measured_s for s in test]) - 1)["median_abs_error"] < 0.065
+    on_fit = model_fit.predict_timings(m, fit)[0]  # one prediction (a compilation) for both checks below
+    assert model_fit.error_stats(on_fit / measured - 1)["median_abs_error"] < 0.065
+    pred = model_fit.predict_timings(m, test)[0]
+    assert model_fit.error_stats(pred / np.asarray([s.measured_s for s in test]) - 1)["median_abs_error"] < 0.065
     base = loss(on_fit)
     for k in (0.9, 1.1):  # the best-identified figure, both ways
         f = "half_efficiency_rows"
         moved = mc.with_figures(m, **{f: float(getattr(m, f)) * k})
-        assert loss(calibrate.predict_timings(moved, fit)[0]) > base, (f, k)
+        assert loss(model_fit.predict_timings(moved, fit)[0]) > base, (f, k)
 
 
 def test_runtime_figures_default_when_left_out():

@@ -1,10 +1,10 @@
-"""jaxsprint.metrics: JSON lines and TensorBoard files, histogram counts, the summary table."""
+"""jaxsprint.train.metrics: JSON lines and TensorBoard files, histogram counts, the summary table."""
 import json
 import math
 
 import numpy as np
 
-from jaxsprint import metrics
+from jaxsprint.train import metrics
 
 
 def test_writer_appends_json_lines_and_tensorboard_events(tmp_path):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsprint import models
+from jaxsprint.train import models
 from jaxsprint.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """Multi-process training under jax.distributed on loopback equals the single-process run.
 
-Each case starts real processes (a small driver calling `train.train_and_evaluate`, gloo CPU collectives,
+Each case starts real processes (a small driver calling `trainer.train_and_evaluate`, gloo CPU collectives,
 a free 127.0.0.1 port), bounded by timeouts and killed (`jaxsprint.subprocs`). Process 0 writes the final
 parameters, BN statistics and optimizer state to an .npz; they are compared with a one-process run on as
 many devices (same config and seed). Resuming the two-process run from a checkpoint written by both
@@ -26,7 +26,7 @@ args = json.loads(sys.argv[1])
 sys.path.insert(0, os.getcwd())
 import jax
 import numpy as np
-from jaxsprint import checkpoint, parallel, train
+from jaxsprint.train import checkpoint, parallel, trainer
 from experiments.configs import testing
 if args["num_processes"] > 1:
     parallel.maybe_initialize_distributed(coordinator_address=f"127.0.0.1:{args['port']}",
@@ -38,7 +38,7 @@ for key, value in args["overrides"].items():
     for p in parents:
         node = node[p]
     node[leaf] = value
-out = train.train_and_evaluate(config, args["workdir"], stop_after_steps=args["stop_after_steps"])
+out = trainer.train_and_evaluate(config, args["workdir"], stop_after_steps=args["stop_after_steps"])
 s = out["state"]
 tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step,
         "polished": out["polished_batch_stats"]}
@@ -49,13 +49,13 @@ print("DONE", jax.process_count(), jax.device_count(), out["steps"], flush=True)
 """
 
 # The cheap case: two processes save a replicated state, its extras and their data iterators with
-# `jaxsprint.checkpoint`, then restore them in fresh templates (no training, nothing to compile but copies).
+# `jaxsprint.train.checkpoint`, then restore them in fresh templates (no training, nothing to compile but copies).
 _CHECKPOINT_DRIVER = """
 import json, os, sys
 args = json.loads(sys.argv[1])
 sys.path.insert(0, os.getcwd())
 import jax, jax.numpy as jnp, numpy as np
-from jaxsprint import checkpoint, data, parallel, pipeline
+from jaxsprint.train import checkpoint, data, parallel, pipeline
 parallel.maybe_initialize_distributed(coordinator_address=f"127.0.0.1:{args['port']}",
                                       num_processes=args["num_processes"], process_id=args["process_id"])
 mesh = parallel.make_mesh(-1)
@@ -130,13 +130,13 @@ def _assert_close(a: dict, b: dict, rtol=1e-5, atol=1e-6):
 
 def _in_process_reference(num_devices: int, workdir) -> dict[str, np.ndarray]:
     from experiments.configs import testing
-    from jaxsprint import checkpoint, train
+    from jaxsprint.train import checkpoint, trainer
 
     config = testing.get_config()
     config.checkpoint_every_epochs = _OVERRIDES["checkpoint_every_epochs"]
     config.num_devices = num_devices
     config.polish.mode = _OVERRIDES["polish.mode"]
-    out = train.train_and_evaluate(config, str(workdir))
+    out = trainer.train_and_evaluate(config, str(workdir))
     s = out["state"]
     tree = {"params": s.params, "batch_stats": s.batch_stats, "opt_state": s.opt_state, "step": s.step,
             "polished": out["polished_batch_stats"]}

@@ -9,7 +9,7 @@ import pytest
 
 from experiments.configs import default
 from config_util import CONFIG_MODULES, default_with
-from jaxsprint import optim
+from jaxsprint.train import optim
 from jaxsprint.errors import ConfigError
 
 

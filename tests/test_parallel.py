@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from config_util import CONFIG_MODULES, default_with
-from jaxsprint import parallel
+from jaxsprint.train import parallel
 from jaxsprint.errors import ConfigError
 
 

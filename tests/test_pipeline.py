@@ -8,7 +8,7 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
-from jaxsprint import data, pipeline
+from jaxsprint.train import data, pipeline
 from jaxsprint.errors import ConfigError
 
 

@@ -1,12 +1,13 @@
-"""Tests of jaxsprint.planner with the emulated runs replaced by a known convergence law."""
+"""Tests of jaxsprint.plan.planner with the emulated runs replaced by a known convergence law."""
 import math
 
 import numpy as np
 import pytest
 
-from jaxsprint import convergence, planner
+from jaxsprint.plan import emulator, planner
 from jaxsprint.errors import ConfigError
-from jaxsprint.perf import machines, plan, zoo
+from jaxsprint.perf import machines, zoo
+from jaxsprint.plan import law
 from jaxsprint.perf import space as spaces
 
 TRUE = np.array([math.log(60.0), math.log(1.0), math.log(0.02), math.log(2.0), 1.0])
@@ -15,7 +16,7 @@ TARGET = 0.95
 
 
 class LawEmulator:
-    """Stands in for :class:`jaxsprint.convergence.Emulator`: every seed's accuracy rises linearly and crosses
+    """Stands in for :class:`jaxsprint.plan.emulator.Emulator`: every seed's accuracy rises linearly and crosses
     the target exactly at the law's U(B, tau) (or tops out at ``ceiling``)."""
 
     def __init__(self, ceiling=1.0, max_updates=4000):
@@ -27,10 +28,10 @@ class LawEmulator:
 
     def run(self, spec):
         self.specs.append(spec)
-        u_true = math.exp(float(plan.law_log_updates(TRUE, spec.mean_minibatch, spec.mean_staleness, B_REF)))
+        u_true = math.exp(float(law.law_log_updates(TRUE, spec.mean_minibatch, spec.mean_staleness, B_REF)))
         updates = np.arange(1, 401, dtype=np.float64) * (self.max_updates / 400)
         acc = np.minimum(TARGET * updates / u_true, self.ceiling)
-        return convergence.RunResult(updates, np.stack([acc, acc]))
+        return emulator.RunResult(updates, np.stack([acc, acc]))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ OPTS = planner.PlanOptions(target_accuracy=TARGET, budget_runs=6, initial_runs=4
 @pytest.mark.slow  # about 20 s on a quiet 2-core machine: searches, pmfs and fits compile
 def test_planner_recovers_the_law_and_picks_the_known_optimum(space):
     em = LawEmulator()
-    report = planner.run_plan(space, em, convergence.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0, 256.0],
+    report = planner.run_plan(space, em, emulator.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0, 256.0],
                               staleness_limits=[4.0, math.inf])
     assert report["reached"]
     fit = report["_fit"]
@@ -57,14 +58,14 @@ def test_planner_recovers_the_law_and_picks_the_known_optimum(space):
     # The fitted law predicts the true one across the fitted cells.
     b = np.array([r["mean_minibatch"] for r in report["candidates"]])
     tau = np.array([r["mean_staleness"] for r in report["candidates"]])
-    pred, _ = plan.predict_log_updates(fit, b, tau)
-    true = np.asarray(plan.law_log_updates(TRUE, b, tau, B_REF))
+    pred, _ = law.predict_log_updates(fit, b, tau)
+    true = np.asarray(law.law_log_updates(TRUE, b, tau, B_REF))
     np.testing.assert_allclose(pred, true, atol=0.05)
     # The choice is the optimum of the TRUE law over the same range, within 2% of its time to accuracy.
     true_fit = fit._replace(theta=TRUE.copy(), b_ref=B_REF)
-    best = plan.plan_search(space, true_fit, starts=4)
+    best = law.plan_search(space, true_fit, starts=4)
     c = report["chosen"]
-    _, f_chosen, ok = plan.evaluate_plan(space, true_fit, [[c["nodes"], c["gpus_per_node"], c["sub_batch"]]])
+    _, f_chosen, ok = law.evaluate_plan(space, true_fit, [[c["nodes"], c["gpus_per_node"], c["sub_batch"]]])
     assert ok[0]
     assert f_chosen[0] <= best.log_time_to_accuracy + math.log(1.02)
     # Beside it, SPRINT's rule for the same mean mini-batch; never predicted faster than the choice.
@@ -77,7 +78,7 @@ def test_planner_recovers_the_law_and_picks_the_known_optimum(space):
 
 def test_a_target_no_run_reaches_gives_the_best_reached(space):
     em = LawEmulator(ceiling=0.6)
-    report = planner.run_plan(space, em, convergence.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0],
+    report = planner.run_plan(space, em, emulator.RunCache(None), OPTS, minibatch_targets=[16.0, 64.0],
                               staleness_limits=[math.inf])
     assert not report["reached"]
     assert report["best_reached"]["accuracy"] == pytest.approx(0.6)
@@ -93,7 +94,7 @@ def test_target_accuracy_outside_zero_one(value):
 
 def test_no_candidate_meets_the_ladder(space):
     with pytest.raises(ConfigError, match="--minibatch_range"):
-        planner.run_plan(space, LawEmulator(), convergence.RunCache(None), OPTS, minibatch_targets=[1e7],
+        planner.run_plan(space, LawEmulator(), emulator.RunCache(None), OPTS, minibatch_targets=[1e7],
                          staleness_limits=[math.inf])
 
 
@@ -109,12 +110,12 @@ def test_a_changed_candidate_statistic_invalidates_only_its_own_cache_entry(spac
 
     cands = search.evaluate_configs(space, spaces.make_target(1.0), [[2, 2, 12], [12, 2, 6], [14, 4, 14]])
     em = LawEmulator()
-    keys = [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in cands]
+    keys = [emulator.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in cands]
     assert len(set(keys)) == 3
     # Float noise (as between two processes) keeps every key; a changed T_u changes only its candidate's.
     noisy = [dataclasses.replace(c, t_compute_s=c.t_compute_s * (1 + 1e-7)) for c in cands]
-    assert [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in noisy] == keys
+    assert [emulator.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in noisy] == keys
     changed = list(cands)
     changed[1] = dataclasses.replace(cands[1], t_update_s=cands[1].t_update_s * 1.2)
-    new = [convergence.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in changed]
+    new = [emulator.RunCache.key(em, planner.candidate_spec(c, OPTS)) for c in changed]
     assert new[0] == keys[0] and new[2] == keys[2] and new[1] != keys[1]

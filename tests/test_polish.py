@@ -8,7 +8,7 @@ import pytest
 
 from experiments.configs import default
 from config_util import CONFIG_MODULES
-from jaxsprint import models, parallel, polish
+from jaxsprint.train import models, parallel, polish
 from jaxsprint.errors import ConfigError, DataError
 
 

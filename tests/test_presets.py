@@ -6,7 +6,8 @@ import os
 import pytest
 
 from jaxsprint.errors import DataError
-from jaxsprint.perf import calibrate, presets, zoo
+from jaxsprint.calibration import measurements, model_fit
+from jaxsprint.perf import presets, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
 
@@ -80,9 +81,9 @@ def test_load_machine_takes_exactly_one_of_name_and_file(tmp_path):
 
 def test_both_measurement_layouts_become_fit_inputs(tmp_path):
     # The small-CNN calibration set of the cpu preset: 40 plain-SGD steps, no all-reduces.
-    small = presets.load_measurements(os.path.join(ROOT, "docs", "perf-calibration.json"))
+    small = measurements.load_measurements(os.path.join(ROOT, "docs", "perf-calibration.json"))
     assert len(small["steps"]) == 40 and small["allreduces"] == []
-    steps = presets.step_timings(small["steps"])
+    steps = measurements.step_timings(small["steps"])
     assert all(s.update_passes == 3.0 and s.measured_s > 0 for s in steps)
     first = small["steps"][0]["shape"]
     assert float(steps[0].network.total_params) == float(zoo.small_cnn(
@@ -90,16 +91,16 @@ def test_both_measurement_layouts_become_fit_inputs(tmp_path):
     assert steps[0].sub_batch == first["batch"]
     # A launcher measurement file: momentum-SGD steps of the CIFAR ResNets, and all-reduces; steps of one
     # network share its cost table (one vmapped evaluation in the fit).
-    raw = presets.load_measurements(os.path.join(ROOT, "docs", "perf-search-calibration_measurements.json"))
-    steps = presets.step_timings(raw["steps"])
+    raw = measurements.load_measurements(os.path.join(ROOT, "docs", "perf-search-calibration_measurements.json"))
+    steps = measurements.step_timings(raw["steps"])
     assert {s.update_passes for s in steps} == {5.0}
     by_model = {}
     for r, s in zip(raw["steps"], steps):
         by_model.setdefault(r["model"], set()).add(id(s.network))
     assert all(len(ids) == 1 for ids in by_model.values()) and len(by_model) == 4
-    ars = presets.allreduce_timings(raw["allreduces"])
-    assert ars and all(isinstance(a, calibrate.AllreduceTiming) and a.ranks >= 2 for a in ars)
+    ars = measurements.allreduce_timings(raw["allreduces"])
+    assert ars and all(isinstance(a, model_fit.AllreduceTiming) and a.ranks >= 2 for a in ars)
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"steps": []}))
     with raises_invalid("measurements", str(empty), "holds no measurements", DataError):
-        presets.load_measurements(str(empty))
+        measurements.load_measurements(str(empty))

@@ -13,8 +13,9 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from experiments.configs import sprint as sprint_config
-from jaxsprint import data as data_lib
-from jaxsprint import models, optim, runtime, subprocs, train
+from jaxsprint.train import data as data_lib
+from jaxsprint.train import models, optim, trainer
+from jaxsprint import runtime, subprocs
 from jaxsprint.errors import ConfigError
 from jaxsprint.runtime import learner as learner_lib
 from jaxsprint.runtime import updater as updater_lib
@@ -76,7 +77,7 @@ def test_lockstep_equals_the_synchronous_step(tmp_path, learners, updater_device
     assert np.all(ev["grad_applied_version"][ok] - 1 - ev["grad_read_version"][ok] == 0)
     assert 0 <= r.in_flight <= learners  # at most one more gradient per learner, on the last version
 
-    # The same examples through train.make_train_step with per-device BatchNorm (one group per learner).
+    # The same examples through trainer.make_train_step with per-device BatchNorm (one group per learner).
     dataset = data_lib.load_dataset(c)
     train_pre, _ = data_lib.make_preprocess_fns(c, dataset)
     model = models.create_model("tiny", num_classes=10, bn_momentum=c.bn.momentum,
@@ -84,8 +85,8 @@ def test_lockstep_equals_the_synchronous_step(tmp_path, learners, updater_device
                                 zero_init_last_bn=c.zero_init_last_bn)
     hp = updater_lib.nominal_hparams(c, dataset.num_train, learners)
     tx = optim.make_optimizer(c, optim.make_schedule(c, hp))
-    state = train.create_train_state(jax.random.key(c.sprint.seed), model, tx, (1, 8, 8, 1))
-    step = jax.jit(train.make_train_step(model=model, num_classes=10, label_smoothing=c.label_smoothing))
+    state = trainer.create_train_state(jax.random.key(c.sprint.seed), model, tx, (1, 8, 8, 1))
+    step = jax.jit(trainer.make_train_step(model=model, num_classes=10, label_smoothing=c.label_smoothing))
     subs = learner_lib.SubBatches(dataset.train, seed=c.sprint.seed, sub_batch=c.sprint.sub_batch, host=0,
                                   num_hosts=1)
     for i in range(steps):

@@ -1,4 +1,4 @@
-"""Tests for jaxsprint.samplers: staleness samplers and the random mini-batch."""
+"""Tests for jaxsprint.emulation.samplers: staleness samplers and the random mini-batch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsprint import samplers as st
-from jaxsprint import staleness
+from jaxsprint.emulation import samplers as st
+from jaxsprint.emulation import staleness
 from jaxsprint.errors import ConfigError
 
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 from experiments import screen_runtime_model as srm
-from jaxsprint.perf import machines as mc, presets, runtime_calibration as rc
+from jaxsprint.perf import machines as mc, presets
+from jaxsprint.calibration import host_fit as rc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIBRATION = os.path.join(ROOT, "docs", "runtime-calibration.json")
@@ -33,7 +34,7 @@ def _grid(tmp_path):
     """Six runs whose cycle means are the shipped form's own prediction with the calibration's machine."""
     machine, _ = presets.load_preset(CALIBRATION)
     from experiments.configs import sprint
-    from jaxsprint.runtime import compare
+    from jaxsprint.calibration import compare
     net = compare.network_cost(sprint.get_config())
     configs = [(1, 1, 8, 0.02), (4, 1, 32, 0.0), (8, 1, 16, 0.05), (2, 2, 64, 0.0), (4, 2, 16, 0.02),
                (2, 1, 128, 0.01)]

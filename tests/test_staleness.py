@@ -1,4 +1,4 @@
-"""Tests for jaxsprint.staleness: the delayed-gradient transform, its mitigations and metrics."""
+"""Tests for jaxsprint.emulation.staleness: the delayed-gradient transform, its mitigations and metrics."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import optax
 import pytest
 import scipy.stats
 
-from jaxsprint import samplers
-from jaxsprint import staleness as st
+from jaxsprint.emulation import samplers
+from jaxsprint.emulation import staleness as st
 from jaxsprint.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------------------

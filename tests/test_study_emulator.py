@@ -22,7 +22,7 @@ def _run(*args, timeout=900):
 def test_emulator_config_follows_the_measured_pmfs():
     from experiments import study_emulator
     from experiments.configs import emulator_study
-    from jaxsprint import async_emulation
+    from jaxsprint.emulation import adapter
 
     base = emulator_study.get_config()
     stats = {"staleness_pmf": {"1": 0.25, "3": 0.75}, "count_pmf": {"0": 0.5, "2": 0.2, "5": 0.3}}
@@ -38,7 +38,7 @@ def test_emulator_config_follows_the_measured_pmfs():
     assert c.lr.scaling == "none"
     assert c.lr.base == pytest.approx(base.lr.base * base.sprint.sub_batch * base.study.learners[1]
                                       / base.lr.reference_batch)
-    async_emulation.validate_config(c)
+    adapter.validate_config(c)
     # A configuration with its own sub-batch: the runtime's and the emulator's sub-batch and rate follow it.
     i = 2
     with base.unlocked():
@@ -84,7 +84,7 @@ def test_tiny_study_trains_every_configuration_at_one_constant_rate():
     every configuration share one constant rate, and each configuration's own sub-batch reaches both."""
     from experiments import study_emulator
     from experiments.configs import emulator_study_tiny
-    from jaxsprint import async_emulation
+    from jaxsprint.emulation import adapter
 
     base = emulator_study_tiny.get_config()
     assert base.model == "tiny_nobn" and base.lr.scaling == "none"
@@ -95,5 +95,5 @@ def test_tiny_study_trains_every_configuration_at_one_constant_rate():
         assert rt.sprint.sub_batch == base.study.sub_batches[i] and em.bn.group_size == base.study.sub_batches[i]
         assert em.lr.base == base.lr.base == 0.1 and em.optimizer.momentum == rt.optimizer.momentum == 0.5
         assert em.model == rt.model == "tiny_nobn" and em.batch_size == 2 * base.study.sub_batches[i]
-        async_emulation.validate_config(em)
+        adapter.validate_config(em)
     study_emulator.validate_study(base, 8)

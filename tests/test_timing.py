@@ -1,12 +1,12 @@
-"""Tests of jaxsprint.timing: a real (tiny) all-reduce over 2 local processes and a real train step, checked
+"""Tests of jaxsprint.calibration.timing: a real (tiny) all-reduce over 2 local processes and a real train step, checked
 for structure and positivity only (never for speed), and the errors that name the setting."""
 import math
 import os
 
 import pytest
 
-from jaxsprint import timing
-from jaxsprint.perf import calibrate
+from jaxsprint.calibration import timing
+from jaxsprint.calibration import model_fit
 from perf_util import raises_invalid
 
 
@@ -15,7 +15,7 @@ def test_allreduce_over_two_processes():
     out = timing.measure_allreduce(2, sizes, reps=2, rounds=1, timeout_s=120)
     assert [a.message_bytes for a in out] == [float(s) for s in sizes]
     for a in out:
-        assert isinstance(a, calibrate.AllreduceTiming) and a.ranks == 2
+        assert isinstance(a, model_fit.AllreduceTiming) and a.ranks == 2
         assert math.isfinite(a.measured_s) and a.measured_s > 0
         assert a.label == f"allreduce {int(a.message_bytes)} B x 2"
 

@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval_batch_size = 512
     c.grad_accum_steps = 1          # micro-batches per update (batch_size / grad_accum_steps per pass)
 
-    # Schedule (derived values are computed in jaxsprint.optim.derive_hparams).
+    # Schedule (derived values are computed in jaxsprint.train.optim.derive_hparams).
     c.num_epochs = 40
     c.num_train_steps = -1          # > 0 overrides num_epochs
     c.lr = ml_collections.ConfigDict()
@@ -70,16 +70,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.lamb_eps = 1e-6
     c.label_smoothing = 0.1
 
-    # Final Polishing (jaxsprint.polish): "none", "recompute" (pure BN-statistics pass after training),
+    # Final Polishing (jaxsprint.train.polish): "none", "recompute" (pure BN-statistics pass after training),
     # "no_augment_epochs" (the last k epochs read un-augmented training images, Fujitsu's form) or "both".
     c.polish = ml_collections.ConfigDict()
     c.polish.mode = "none"
     c.polish.num_samples = 10_000   # budget of the recompute pass (-1: the whole training set)
     c.polish.batch_size = 0         # global batch of the pass (0: eval_batch_size)
-    c.polish.num_passes = 0         # 0: until converged (exact; see jaxsprint/polish.py), k: exactly k
+    c.polish.num_passes = 0         # 0: until converged (exact; see jaxsprint/train/polish.py), k: exactly k
     c.polish.no_augment_epochs = 5.0  # k (epochs; fractions allowed) for "no_augment_epochs" and "both"
 
-    # Asynchronous-SGD emulation (jaxsprint.staleness): delayed gradients and random mini-batch sizes.
+    # Asynchronous-SGD emulation (jaxsprint.emulation.staleness): delayed gradients and random mini-batch sizes.
     c.async_emulation = ml_collections.ConfigDict()
     c.async_emulation.enabled = False
     c.async_emulation.max_staleness = 0      # ring-buffer depth - 1

@@ -1,7 +1,7 @@
 """The SPRINT performance model in JAX (pure jnp: jit, vmap and grad work).
 
-Nothing here imports the training stack (:mod:`jaxsprint.train`, :mod:`jaxsprint.models`,
-:mod:`jaxsprint.data`); measuring this machine is :mod:`jaxsprint.timing`, outside this package.
+Nothing here imports the training stack (:mod:`jaxsprint.train.trainer`, :mod:`jaxsprint.train.models`,
+:mod:`jaxsprint.train.data`); measuring this machine is :mod:`jaxsprint.calibration.timing`, outside this package.
 
 Modules:
   networks: per-layer FLOPs, bytes and parameters (layer spec, builder, flax via XLA cost analysis).
@@ -26,8 +26,8 @@ Example::
                        nodes=16, gpus_per_node=8, sub_batch=32)
     d = sprint.distributions(128, p.t_compute_s, p.t_update_s, cv=0.05)
 """
-from jaxsprint.perf import (calibrate, collectives, machines, networks, pmf, presets, renewal, search,
-                            sensitivity, simulate, space, sprint, times, zoo)
+from jaxsprint.perf import (collectives, machines, networks, pmf, presets, renewal, search, sensitivity, simulate,
+                            space, sprint, times, zoo)
 
-__all__ = ["calibrate", "collectives", "machines", "networks", "pmf", "presets", "renewal", "search", "sensitivity",
+__all__ = ["collectives", "machines", "networks", "pmf", "presets", "renewal", "search", "sensitivity",
            "simulate", "space", "sprint", "times", "zoo"]

@@ -471,7 +471,7 @@ def _cpu_runtime() -> Machine:
     """This machine running :mod:`jaxsprint.runtime`: the ``cpu`` preset with the runtime's figures.
 
     The compute figures are fitted to the runtime network's XLA cost table (a two-row table of
-    :func:`jaxsprint.perf.networks.from_flax`, as :func:`jaxsprint.timing.runtime_network` builds it),
+    :func:`jaxsprint.perf.networks.from_flax`, as :func:`jaxsprint.calibration.timing.runtime_network` builds it),
     so use this preset with that table, not with the layer tables of the zoo.
     """
     base = _cpu()

@@ -6,7 +6,8 @@
 
 Modules: `buffer` (node buffer, published weights), `learner` (learner threads), `updater` (the updater's
 cycle), `collective` (cross-host psum and gather, `initialize_distributed`), `run` (the whole run);
-`events` and `compare` read the event log.
+`events` reads the event log (its comparison with the model is
+:mod:`jaxsprint.calibration.compare`).
 """
 from jaxsprint.runtime.collective import initialize_distributed
 from jaxsprint.runtime.run import RunResult, run, validate_config

@@ -89,7 +89,7 @@ def effective_staleness(ev: dict[str, np.ndarray]) -> np.ndarray:
     An empty cycle publishes a version but leaves the weights as they were, so a gradient read at version
     ``v`` and applied by version ``u`` was computed at weights ``u - 1 - v`` versions old but only this many
     weight changes old. It is the delay the delayed-gradient emulator counts: its ring buffer stands still on
-    an empty update (``jaxsprint.convergence``, ``jaxsprint.async_emulation``), so it is what the emulator
+    an empty update (``jaxsprint.plan.emulator``, ``jaxsprint.emulation.adapter``), so it is what the emulator
     must draw to stand in for the run. Meaningless for the in-flight rows.
     """
     nonempty = np.concatenate([[0], np.cumsum(np.asarray(ev["update_count"]) > 0)])  # [x]: in versions 1..x
@@ -227,7 +227,7 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
       deviation / mean) of the cycle time ``t_end - t_start`` of the applied gradients;
     * ``t_update_s``, ``t_update_cv``: the same of the updater's cycle, the gap between consecutive swaps
       (both swaps after the warm-up); ``t_update_p01_s``: the 1st percentile of those cycles (the fixed
-      part of a cycle, :func:`jaxsprint.runtime.compare.predict_from_timings`);
+      part of a cycle, :func:`jaxsprint.calibration.compare.predict_from_timings`);
     * ``images_per_s``: ``sub_batch`` times the gradients that ended in ``[warmup_until_s, t_stop_s]``,
       over that window's length (a rate of completions, unbiased for stationary learners, whether or
       not a gradient's start fell in the warm-up); ``epoch_time_s = dataset_size / images_per_s``;

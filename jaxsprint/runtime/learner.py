@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jaxsprint import optim, pipeline
+from jaxsprint.train import optim, pipeline
 from jaxsprint.runtime.buffer import Control, GradientRecord, NodeBuffer, Published
 
 # How long one wait may block before a thread rechecks the run's stop and error flags (seconds).

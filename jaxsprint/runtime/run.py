@@ -4,7 +4,7 @@ What a run does, in order:
   1. `validate_config` (nothing is read or written before it passes);
   2. builds the data, the model (learners' copy with BN momentum 0, see `jaxsprint.runtime.learner`), the
      optimizer and schedule (`jaxsprint.runtime.updater.nominal_hparams`), the flat initial weights
-     (``model.init(key(sprint.seed))``, as ``train.create_train_state`` does), and compiles the gradient
+     (``model.init(key(sprint.seed))``, as ``trainer.create_train_state`` does), and compiles the gradient
      program on every learner device and the update program, before the clock starts;
   3. with several processes, a barrier; then every host's clock starts (t = 0);
   4. starts the learner threads and the updater thread; the calling thread evaluates the published weights
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jaxsprint import cpu, models, optim, pipeline, polish, train
-from jaxsprint import data as data_lib
+from jaxsprint.train import cpu, models, optim, pipeline, polish, trainer
+from jaxsprint.train import data as data_lib
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.runtime import collective as collective_lib
 from jaxsprint.runtime.buffer import Control, NodeBuffer, Published
@@ -197,7 +197,7 @@ def _build(config, device) -> _Built:
                                        seed=s.seed), compiler_options=accel.compiler_options)
     apply_fn = jax.jit(make_apply_fn(tx=tx, unravel_params=unravel_params, num_params=params_flat.size,
                                      num_stats=stats_flat.size, bn_momentum=float(config.bn.momentum)))
-    eval_step = jax.jit(train.make_eval_step(model=model, num_classes=dataset.num_classes),
+    eval_step = jax.jit(trainer.make_eval_step(model=model, num_classes=dataset.num_classes),
                         compiler_options=accel.compiler_options)
     return _Built(dataset=dataset, model=model, tx=tx, grad_fn=grad_fn, apply_fn=apply_fn, params=params_flat,
                   opt_state=opt_state, stats=stats_flat, unravel_params=unravel_params,

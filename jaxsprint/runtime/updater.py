@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jaxsprint import optim
+from jaxsprint.train import optim
 from jaxsprint.runtime.buffer import Control, GradientRecord, NodeBuffer, Published
 from jaxsprint.runtime.learner import POLL_S
 

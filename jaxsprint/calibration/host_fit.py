@@ -1,0 +1,390 @@
+r"""Calibration of the runtime figures of a machine: learners sharing cores, the updater's own cost, jitter.
+
+The measurements come in as data (``jaxsprint.calibration.timing`` and ``experiments/calibrate_runtime.py`` take them on
+the machine at hand): one learner's gradient step at a few sub-batches, a few runs of
+:mod:`jaxsprint.runtime` (their measured cycle means and cvs, :class:`RuntimeRun`) and all-reduces between
+processes. :func:`fit_all` fits, in three stages, the figures of the runtime model of
+:func:`jaxsprint.perf.times.runtime_times`:
+
+1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the single-learner steps, no optimiser passes):
+   ``efficiency_fwd`` (the backward passes tied to it), ``half_efficiency_batch`` and ``step_overhead_s``.
+   A step's time is the MEAN of its samples (:func:`gradient_step_seconds`): a learner's mean cycle is made of
+   all its steps, slow ones included, and on a shared machine the mean of a lone step's samples lies well
+   above their median (this project's 2 cores, sub-batch 128: 37.7 ms against 28.9). The cores a lone step
+   keeps busy (``step_cores``: process CPU time over wall time, :func:`jaxsprint.calibration.timing.measure_gradient_cores`)
+   start ``learner_step_cores``, which stage 3 fits: what a step takes of cores that other learners keep busy
+   is not what it takes alone (on an AVX2 CPU a lone step kept 1.3 cores busy at every sub-batch, yet eight
+   learners at sub-batch 8 shared two cores as if each took one; docs/sprint-runtime.md).
+2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and
+   ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
+   collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
+   of its cycle.
+3. **Sharing and the updater** (:func:`fit_runtime`): the figures of :data:`RUNTIME_FIELDS` (the learners'
+   host work and the cores a step takes on busy cores; the updater's overhead, its cost per learner and per
+   applied update, the units it takes while busy, its stretch on co-located hosts and its queue) by least
+   squares on the log-errors of both cycle means of every run,
+
+   .. math::
+       \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
+                   + \big(\log \hat T_u(\theta) - \log T_u\big)^2,
+
+   in log parameters inside bounds (``log theta = lo + (hi - lo) sigmoid(u)``), by Levenberg-Marquardt
+   (Gauss-Newton with an adaptive damping ``lambda``: ``(J^T J + lambda diag(J^T J)) du = -J^T r``; Nocedal and
+   Wright, *Numerical Optimization*, 2nd ed., sec. 10.3), from two starts (the machine's figures and
+   :data:`RUNTIME_START`), keeping the lower cost. Then the jitter: ``learner_cv`` is the median
+   measured cv of ``T_c``; ``updater_cv`` the median of ``cv(T_u) T_u / own``, the cv of the updater's own
+   work when the network part of its cycle is steady (the form :func:`~jaxsprint.perf.times.runtime_times`
+   predicts with).
+
+Pure jnp and numpy, like the rest of :mod:`jaxsprint.perf`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsprint.errors import check
+from jaxsprint.calibration import model_fit as calib
+from jaxsprint.perf import machines, times
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import NetworkCost
+
+__all__ = ["COMPUTE_FIELDS", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+           "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime",
+           "gradient_step_seconds", "predict_runs"]
+
+COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
+NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
+RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
+                  "updater_hosts_stretch", "updater_queue", "updater_apply_s", "learner_step_cores",
+                  "learner_step_cores_half_batch")
+# Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
+STEP_CORES_FIELD = "learner_step_cores"
+# Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
+# cores taking 1-4 compute units (half of the excess reached at sub-batch 0.5-1000), an updater taking 0.1% to
+# all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions from 1e-4 to 10 device
+# steps per cycle.
+RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
+                  "learner_step_cores_half_batch": (0.5, 1e3),
+                  "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
+                  "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
+                  "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1)}
+# A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
+RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
+                 "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
+                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3}
+HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
+_COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
+                   "step_overhead_s": (1e-6, 1.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeRun:
+    """One measured run of the runtime (its statistics after the warm-up).
+
+    Attributes:
+      learners_per_host: Learner threads per host.
+      hosts: Processes (1: no all-reduce).
+      sub_batch: Samples per gradient.
+      network_time_s: Emulated network time of every updater cycle.
+      t_compute_s: Measured mean learner cycle.
+      t_update_s: Measured mean updater cycle.
+      t_compute_cv: Its coefficient of variation (0 if not measured).
+      t_update_cv: The same for the updater cycle.
+      label: Name for tables.
+    """
+
+    learners_per_host: int
+    hosts: int
+    sub_batch: int
+    network_time_s: float
+    t_compute_s: float
+    t_update_s: float
+    t_compute_cv: float = 0.0
+    t_update_cv: float = 0.0
+    label: str = ""
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
+        """From a JSON record with these keys (extra keys ignored)."""
+        return cls(int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]),
+                   float(r.get("network_time_s", 0.0)), float(r["t_compute_s"]), float(r["t_update_s"]),
+                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")))
+
+
+@dataclasses.dataclass
+class RuntimeFit:
+    """Outcome of :func:`fit_runtime` (or :func:`fit_all`).
+
+    Attributes:
+      machine: The machine with the fitted figures.
+      fitted: ``{field: value}`` of every figure fitted (all stages for :func:`fit_all`).
+      compute_errors: ``predicted / measured - 1`` of each run's ``T_c``.
+      update_errors: The same of ``T_u``.
+      loss: Mean squared log-error of stage 3.
+      stages: Per-stage summaries (JSON-friendly).
+    """
+
+    machine: Machine
+    fitted: dict[str, float]
+    compute_errors: np.ndarray
+    update_errors: np.ndarray
+    loss: float
+    stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly: the fitted figures and the error statistics of both cycles."""
+        return dict(fitted=self.fitted, loss=self.loss, compute=calib.error_stats(self.compute_errors),
+                    update=calib.error_stats(self.update_errors), stages=self.stages)
+
+
+def gradient_step_seconds(record: dict[str, Any]) -> float:
+    """The lone step time a stored gradient-step record stands for: the mean of its ``samples`` (module
+    docstring, stage 1), or its ``measured_s`` when it has no samples."""
+    samples = record.get("samples") or []
+    return float(np.mean(samples)) if len(samples) else float(record["measured_s"])
+
+
+def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
+    return np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
+
+
+def _predict_columns(machine: Machine, network: NetworkCost, cols: jax.Array, co_located: bool
+                     ) -> times.RuntimeTimes:
+    def one(row):
+        return times.runtime_times(network, machine, learners_per_host=row[0], hosts=row[1], sub_batch=row[2],
+                                   network_time_s=row[3], co_located=co_located)
+
+    return jax.vmap(one)(cols)
+
+
+_predict_columns_jit = jax.jit(_predict_columns, static_argnums=(3,))
+
+
+def predict_runs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                 co_located: bool = True) -> times.RuntimeTimes:
+    """The model's :class:`~jaxsprint.perf.times.RuntimeTimes` of every run, stacked (one vmapped call)."""
+    return _predict_columns_jit(machine, network, jnp.asarray(_columns(runs)), bool(co_located))
+
+
+def _log_residuals(u, lo, hi, machine, network, cols, meas_c, meas_u, fields, co_located):
+    """Log errors of the cycle means at the fit's unconstrained parameters ``u`` (bounded by a sigmoid).
+
+    Everything that changes between fits is an argument, so every fit over as many runs (each
+    leave-one-out fold of :func:`cross_validate`) reuses one compilation of this and of its Jacobian.
+    """
+    log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
+    m = machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
+    t = _predict_columns(m, network, cols, co_located)
+    return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
+
+
+_residuals = jax.jit(_log_residuals, static_argnums=(8, 9))
+_jacobian = jax.jit(jax.jacfwd(_log_residuals), static_argnums=(8, 9))
+
+
+def _check_runs(runs: Sequence[RuntimeRun]) -> None:
+    check(len(runs) > 0, "runs", len(runs), "at least one measured runtime run")
+    for r in runs:
+        for name in ("t_compute_s", "t_update_s"):
+            v = getattr(r, name)
+            check(math.isfinite(v) and v > 0, name, v, f"a finite time > 0 (run {r.label or r})")
+        check(r.learners_per_host >= 1 and r.hosts >= 1 and r.sub_batch >= 1, "run", r,
+              "learners_per_host, hosts and sub_batch >= 1")
+
+
+def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                fields: Sequence[str] = RUNTIME_FIELDS, bounds: dict[str, tuple[float, float]] | None = None,
+                co_located: bool = True, iterations: int = 100, fit_cvs: bool = True) -> RuntimeFit:
+    """Stage 3 of :func:`fit_all`: the sharing and updater figures from measured runs (module docstring).
+
+    Args:
+      machine: Starting machine (its compute and network figures are kept).
+      network: Cost table of the runs' network.
+      runs: Measured runs.
+      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure).
+      bounds: ``{field: (lo, hi)}`` over :data:`RUNTIME_BOUNDS`.
+      co_located: The hosts of multi-host runs were processes of this machine.
+      iterations: Levenberg-Marquardt iterations.
+      fit_cvs: Also set ``learner_cv`` and ``updater_cv`` from the runs' measured cvs.
+
+    Returns:
+      :class:`RuntimeFit`.
+
+    Raises:
+      ConfigError: no runs, a non-positive or non-finite time, an unknown field, bounds not ``0 < lo < hi``,
+        more fields than timings (two per run).
+    """
+    runs, fields = list(runs), list(fields)
+    _check_runs(runs)
+    for f in fields:
+        check(f in machines.FIELDS, "field", f, f"a machine figure: one of {', '.join(machines.FIELDS)}")
+    check(len(fields) <= 2 * len(runs), "fields", fields, f"at most as many fields as timings ({2 * len(runs)})")
+    bounds = {**RUNTIME_BOUNDS, **(bounds or {})}
+    for f in fields:
+        if f not in bounds:
+            v = float(getattr(machine, f))
+            bounds[f] = (v / 1e3, v * 1e3) if v > 0 else (1e-7, 1e-1)
+        check(0 < bounds[f][0] < bounds[f][1], f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
+    lo = np.log([bounds[f][0] for f in fields])
+    hi = np.log([bounds[f][1] for f in fields])
+    meas_c = np.log([r.t_compute_s for r in runs])
+    meas_u = np.log([r.t_update_s for r in runs])
+    args = (jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32), machine, network,
+            jnp.asarray(_columns(runs)), jnp.asarray(meas_c, jnp.float32), jnp.asarray(meas_u, jnp.float32),
+            tuple(fields), bool(co_located))
+
+    def machine_of(u):
+        log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
+        return machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
+
+    def residuals(u):
+        return _residuals(jnp.asarray(u, jnp.float32), *args)
+
+    def jac(u):
+        return _jacobian(jnp.asarray(u, jnp.float32), *args)
+    def start(values):
+        x0 = np.asarray([math.log(min(max(float(values(f)), bounds[f][0]), bounds[f][1])) for f in fields])
+        frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
+        return np.log(frac) - np.log1p(-frac)
+
+    def levenberg_marquardt(u):
+        r = np.asarray(residuals(u), np.float64)
+        cost, lam = (float(r @ r) if np.all(np.isfinite(r)) else math.inf), 1e-2
+        for _ in range(int(iterations)):
+            j = np.asarray(jac(u), np.float64)
+            jtj, g = j.T @ j, j.T @ r
+            step = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), g)
+            r_new = np.asarray(residuals(u + step), np.float64)
+            c_new = float(r_new @ r_new) if np.all(np.isfinite(r_new)) else math.inf
+            if c_new < cost:
+                u, r, lam = u + step, r_new, max(lam / 3.0, 1e-9)
+                if cost - c_new < 1e-12 * max(cost, 1e-30):
+                    cost = c_new
+                    break
+                cost = c_new
+            else:
+                lam *= 4.0
+                if lam > 1e9:
+                    break
+        return cost, u, r
+
+    # Two starts, the machine's figures and RUNTIME_START (a figure at its default of 0 starts at its lower
+    # bound, where the form is flat in it and the descent can stall): the lower cost wins.
+    starts = [start(lambda f: getattr(machine, f)),
+              start(lambda f: RUNTIME_START.get(f, float(getattr(machine, f))))]
+    cost, u, r = min((levenberg_marquardt(u0) for u0 in starts), key=lambda t: t[0])
+    fitted_machine = machine_of(u)
+    fitted = {f: float(getattr(fitted_machine, f)) for f in fields}
+    if fit_cvs:
+        fitted_machine, cvs = _fit_cvs(fitted_machine, network, runs, co_located)
+        fitted.update(cvs)
+    n = len(runs)
+    return RuntimeFit(fitted_machine, fitted, np.expm1(r[:n]), np.expm1(r[n:]), cost / (2 * n))
+
+
+def _fit_cvs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], co_located: bool
+             ) -> tuple[Machine, dict[str, float]]:
+    """``learner_cv`` and ``updater_cv`` from the runs' measured cvs (module docstring)."""
+    out = {}
+    cv_c = [r.t_compute_cv for r in runs if r.t_compute_cv > 0]
+    if cv_c:
+        out["learner_cv"] = float(np.median(cv_c))
+    # With updater_cv = 1 the predicted cv of T_u is own / T_u: the measured cv over it is the own part's cv.
+    unit = predict_runs(machine.replace(updater_cv=jnp.float32(1.0)), network, runs, co_located=co_located)
+    share = np.asarray(unit.t_update_cv, np.float64)
+    ratios = [r.t_update_cv / s for r, s in zip(runs, share) if r.t_update_cv > 0 and s > 1e-6]
+    if ratios:
+        out["updater_cv"] = float(np.median(ratios))
+    return machine.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
+
+
+def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
+    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts (nothing would constrain them)."""
+    several = any(r.hosts > 1 for r in runs)
+    return [f for f in fields if several or f not in HOSTS_ONLY_FIELDS]
+
+
+def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                   fields: Sequence[str] | None = None, co_located: bool = True) -> list[Machine]:
+    """Leave-one-out: for every run, the machine fitted (:func:`fit_runtime`) to all the OTHER runs.
+
+    The honest specs prediction of a measured grid: run ``i`` is predicted by ``result[i]``, whose figures
+    never saw it. ``fields`` defaults to :data:`RUNTIME_FIELDS` (as many as the other runs' timings allow);
+    hosts-only figures are dropped when no other run has several hosts (nothing would constrain them).
+
+    Raises:
+      ConfigError: fewer than 2 runs, or a run :func:`fit_runtime` refuses.
+    """
+    runs = list(runs)
+    check(len(runs) >= 2, "runs", len(runs), "at least 2 measured runs (one is left out at a time)")
+    out = []
+    for i in range(len(runs)):
+        rest = runs[:i] + runs[i + 1:]
+        f = _constrained(RUNTIME_FIELDS if fields is None else fields, rest)
+        out.append(fit_runtime(machine, network, rest, fields=f[:2 * len(rest)], co_located=co_located).machine)
+    return out
+
+
+def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
+            allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
+            step_cores: float | None = None, co_located: bool = True, seed: int = 0) -> RuntimeFit:
+    """All three stages (module docstring); a stage without measurements is skipped.
+
+    Args:
+      machine: Starting machine (e.g. the ``cpu_runtime`` preset).
+      network: Cost table of the runtime's network (the same table the steps were timed on).
+      steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
+      allreduces: All-reduces over the runtime's processes.
+      runs: Measured runtime runs.
+      step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
+      co_located: The hosts of multi-host runs were processes of this machine.
+      seed: Seed of the random starts of stages 1 and 2.
+
+    Returns:
+      :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
+      summaries).
+
+    Raises:
+      ConfigError: no runs, an invalid timing (as :func:`jaxsprint.calibration.model_fit.fit`), ``step_cores`` not a
+        finite number > 0.
+    """
+    _check_runs(list(runs))
+    fitted: dict[str, float] = {}
+    stages: dict[str, Any] = {}
+    m = machine
+    if step_cores is not None:
+        check(isinstance(step_cores, (int, float)) and math.isfinite(step_cores) and step_cores > 0, "step_cores",
+              step_cores, "a finite number > 0 (process CPU seconds per wall second of a lone step)")
+        m = m.replace(**{STEP_CORES_FIELD: jnp.float32(step_cores)})
+        fitted[STEP_CORES_FIELD] = float(step_cores)
+        stages["step_cores"] = float(step_cores)
+    steps = list(steps)
+    if steps:
+        fields = [f for f in COMPUTE_FIELDS][:len(steps)]
+        r = calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
+                          tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
+                          seed=seed)
+        m = r.machine
+        fitted.update(r.fitted)
+        stages["compute"] = dict(r.summary(), errors=[float(e) for e in r.step_errors])
+    allreduces = list(allreduces)
+    if allreduces:
+        fields = list(NETWORK_FIELDS)[:len(allreduces)]
+        r = calib.fit(m.replace(updater_overhead_s=jnp.float32(0.0)), allreduces=allreduces, fields=fields,
+                          seed=seed)
+        m = m.replace(**{f: jnp.float32(r.fitted[f]) for f in fields})
+        fitted.update({f: r.fitted[f] for f in fields})
+        stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
+    fields = _constrained(RUNTIME_FIELDS, runs)
+    res = fit_runtime(m, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+    fitted.update(res.fitted)
+    stages["runtime"] = dict(fitted=res.fitted, loss=res.loss,
+                             compute=calib.error_stats(res.compute_errors),
+                             update=calib.error_stats(res.update_errors))
+    return RuntimeFit(res.machine, fitted, res.compute_errors, res.update_errors, res.loss, stages)

@@ -1,0 +1,147 @@
+"""Measurement files, the calibration's input: measured step and all-reduce timings, read and checked.
+
+A measurement file is read by :func:`load_measurements` into plain records, which :func:`step_timings` and
+:func:`allreduce_timings` turn into the inputs of :func:`jaxsprint.calibration.model_fit.fit`. Two layouts
+are read:
+
+- ``{"measurements": {"steps": [...], "allreduces": [...]}}``: a preset or ``*_measurements.json`` written
+  by ``experiments/calibrate.py`` (steps of this project's CIFAR ResNets, by model name and batch; momentum
+  SGD, 5 passes over the parameters in the update);
+- ``{"records": [{"shape": {...}, "measured_s": ...}]}``: the small-CNN calibration set
+  (``docs/perf-calibration.json``; :func:`jaxsprint.perf.zoo.small_cnn` shapes, each with its batch; plain
+  SGD, 3 passes).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Sequence
+
+from jaxsprint.calibration.model_fit import AllreduceTiming, StepTiming
+from jaxsprint.errors import DataError
+from jaxsprint.perf import zoo
+from jaxsprint.perf.networks import NetworkCost
+from jaxsprint.perf.presets import WRITER, read_json
+
+__all__ = ["allreduce_timings", "load_measurements", "step_timings"]
+
+# Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
+# writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
+_MOMENTUM_SGD_PASSES = 5.0
+_PLAIN_SGD_PASSES = 3.0
+
+
+def _number(value: Any, *, integer: bool = False, minimum: float = 0.0) -> bool:
+    """A finite JSON number (not a bool, not a string) > `minimum`, whole when `integer`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and value > minimum and (not integer or float(value).is_integer())
+
+
+def _check_step(r: Any, i: int, field: str, path: str) -> None:
+    where = f"steps[{i}] of {path}"
+    if not isinstance(r, dict):
+        raise DataError(field, r, f"{where}: an object with model, batch and measured_s")
+    missing = [k for k in ("model", "batch", "measured_s") if k not in r]
+    if missing:
+        raise DataError(field, r, f"{where}: the keys model, batch, measured_s (missing {', '.join(missing)})")
+    if r["model"] not in zoo.ZOO:
+        raise DataError(field, r["model"], f"{where}: a model of the zoo ({', '.join(sorted(zoo.ZOO))})")
+    if not _number(r["batch"], integer=True):
+        raise DataError(field, r["batch"], f"{where}: batch, an integer >= 1")
+    if not _number(r["measured_s"]):
+        raise DataError(field, r["measured_s"], f"{where}: measured_s, a finite time > 0 in seconds")
+    samples = r.get("samples")
+    if samples is not None and not (isinstance(samples, list) and all(_number(x) for x in samples)):
+        raise DataError(field, "samples", f"{where}: samples, a list of finite times > 0")
+
+
+def _check_allreduce(a: Any, i: int, field: str, path: str) -> None:
+    where = f"allreduces[{i}] of {path}"
+    if not isinstance(a, dict):
+        raise DataError(field, a, f"{where}: an object with bytes, ranks and measured_s")
+    missing = [k for k in ("bytes", "ranks", "measured_s") if k not in a]
+    if missing:
+        raise DataError(field, a, f"{where}: the keys bytes, ranks, measured_s (missing {', '.join(missing)})")
+    if not _number(a["bytes"]):
+        raise DataError(field, a["bytes"], f"{where}: bytes, a message size > 0")
+    if not _number(a["ranks"], integer=True, minimum=1):
+        raise DataError(field, a["ranks"], f"{where}: ranks, an integer >= 2 (one rank has nothing to reduce)")
+    if not _number(a["measured_s"]):
+        raise DataError(field, a["measured_s"], f"{where}: measured_s, a finite time > 0 in seconds")
+
+
+def _small_cnn_step(r: Any, i: int, field: str, path: str) -> dict[str, Any]:
+    where = f"records[{i}] of {path}"
+    shape = r.get("shape") if isinstance(r, dict) else None
+    keys = ("size", "widths", "pools", "bn", "batch")
+    if not isinstance(shape, dict) or any(k not in shape for k in keys) or "measured_s" not in r:
+        raise DataError(field, r, f"{where}: an object with measured_s and a shape of {', '.join(keys)}")
+    if not _number(shape["batch"], integer=True) or not _number(shape["size"], integer=True):
+        raise DataError(field, shape, f"{where}: shape.batch and shape.size, integers >= 1")
+    if not _number(r["measured_s"]):
+        raise DataError(field, r["measured_s"], f"{where}: measured_s, a finite time > 0 in seconds")
+    return dict(model="small_cnn", shape=shape, batch=int(shape["batch"]), measured_s=float(r["measured_s"]),
+                update_passes=_PLAIN_SGD_PASSES)
+
+
+def load_measurements(path: str, field: str = "measurements") -> dict[str, list[dict[str, Any]]]:
+    """Measured timings of a file (see the module docstring), as ``{"steps": [...], "allreduces": [...]}``.
+
+    A step record has ``model``, ``batch``, ``measured_s``, ``update_passes`` and, for a small CNN,
+    ``shape``; it may carry ``samples`` (every timed step); an all-reduce record has ``bytes``, ``ranks``
+    and ``measured_s``. Every record is checked: the keys are there, the model is in the zoo, batches and
+    ranks are whole numbers (ranks >= 2), sizes and times finite and positive.
+
+    Raises:
+      DataError: an unreadable file, one without measurements or with a bad record (named ``field``; the
+        message says which record and key).
+    """
+    what = f"measurement file ({WRITER}, or a small-CNN calibration set)"
+    data = read_json(path, field, what)
+    if isinstance(data, dict) and isinstance(data.get("records"), list):
+        steps = [_small_cnn_step(r, i, field, path) for i, r in enumerate(data["records"])]
+        if not steps:
+            raise DataError(field, path, f"a {what}: holds no step timings")
+        return {"steps": steps, "allreduces": []}
+    meas = data.get("measurements") if isinstance(data, dict) else None
+    if not isinstance(meas, dict) or "steps" not in meas or "allreduces" not in meas:
+        raise DataError(field, path, f"a {what}: holds no measurements")
+    if not isinstance(meas["steps"], list) or not isinstance(meas["allreduces"], list):
+        raise DataError(field, path, f"a {what}: measurements.steps and measurements.allreduces are lists")
+    if not meas["steps"]:
+        raise DataError(field, path, f"a {what}: holds no step timings")
+    for i, r in enumerate(meas["steps"]):
+        _check_step(r, i, field, path)
+    for i, a in enumerate(meas["allreduces"]):
+        _check_allreduce(a, i, field, path)
+    steps = [{"update_passes": _MOMENTUM_SGD_PASSES, **s} for s in meas["steps"]]
+    return {"steps": steps, "allreduces": list(meas["allreduces"])}
+
+
+def _network(record: dict[str, Any]) -> NetworkCost:
+    if record["model"] == "small_cnn":
+        s = record["shape"]
+        return zoo.small_cnn(int(s["size"]), s["widths"], s["pools"], bool(s["bn"]))
+    return zoo.get(record["model"])
+
+
+def step_timings(records: Sequence[dict[str, Any]]) -> list[StepTiming]:
+    """:class:`~jaxsprint.calibration.model_fit.StepTiming` of step records (one cost table per distinct network,
+    so that the fit evaluates each network once, vmapped over its batches)."""
+    tables: dict[str, NetworkCost] = {}
+    out = []
+    for r in records:
+        key = json.dumps([r["model"], r.get("shape")], sort_keys=True)
+        if key not in tables:
+            tables[key] = _network(r)
+        label = f"{r['model']} b{r['batch']}" if r["model"] != "small_cnn" else (
+            f"small_cnn {r['shape']['size']}px bn={int(r['shape']['bn'])} {list(r['shape']['widths'])} b{r['batch']}")
+        out.append(StepTiming(tables[key], int(r["batch"]), float(r["measured_s"]),
+                              float(r.get("update_passes", _MOMENTUM_SGD_PASSES)), label))
+    return out
+
+
+def allreduce_timings(records: Sequence[dict[str, Any]]) -> list[AllreduceTiming]:
+    """:class:`~jaxsprint.calibration.model_fit.AllreduceTiming` of all-reduce records."""
+    return [AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]),
+                            f"allreduce {int(a['bytes'])} B x {int(a['ranks'])}") for a in records]

@@ -1,0 +1,436 @@
+r"""Calibration of a machine's figures to measured timings, by gradient descent on log-error.
+
+A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a
+sub-batch, the measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks,
+seconds). :func:`fit` adjusts chosen fields ``theta_k`` of a :class:`~jaxsprint.perf.machines.Machine`
+to minimise the mean log-error loss
+
+.. math::
+    \mathcal{L}(\theta) = \sum_{kind} \frac{1}{|kind|} \sum_{i \in kind}
+        \rho\big(\log \hat t_i(\theta) - \log t_i\big),
+
+each kind (steps, all-reduces) weighted equally, with ``rho(r) = r^2`` (``loss="squared"``) or the
+robust ``rho(r) = 2 s^2 (sqrt(1 + (r / s)^2) - 1)`` (``loss="soft_l1"``, scale ``s``: quadratic for
+``|r| << s``, linear beyond, so a few run-to-run outliers pull less; the same form as
+``scipy.optimize.least_squares(loss="soft_l1", f_scale=s)``). Bounds hold by construction:
+``log theta_k = log lo_k + (log hi_k - log lo_k) sigmoid(u_k)``, and Adam (optax) runs on ``u``
+from several starts (the machine's own values and random points, one ``vmap``), keeping the best.
+The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.times.device_step_time_s` plus
+the optimiser's passes over the parameters); of an all-reduce, :func:`allreduce_time_s`
+(:func:`jaxsprint.perf.collectives.allreduce_time_s` plus ``updater_overhead_s``, the fixed
+cost of one collective call, which ``T_u`` also carries once per updater cycle).
+
+**Fit error.** Besides the residuals, each fitted figure gets a relative standard error from
+the Gauss-Newton approximation at the optimum: with ``J = d residual / d log theta``,
+``s^2 = sum r^2 / (n - k)`` and ``Cov(log theta) ~ s^2 (J^T J)^{-1}`` (Seber and Wild,
+*Nonlinear Regression*, 1989, sec. 2.1; for ``soft_l1`` the same squared-loss approximation at the
+robust optimum). A figure at a bound, or one the data cannot see (``J`` column near zero), is flagged.
+
+**Held-out checks.** :func:`holdout_split` draws a random held-out share; :func:`leave_one_group_out`
+refits once per group (e.g. per network) and predicts the group left out; :func:`error_stats`
+summarises relative errors.
+
+**Jitter.** :func:`estimate_cv` gives the coefficient of variation of repeated step times (a
+robust one: ``1.4826 MAD / median``), the ``cv`` of the model's compute-time distribution.
+
+**Measurements** come in as data (:class:`StepTiming`, :class:`AllreduceTiming`); timing this machine
+is :mod:`jaxsprint.calibration.timing`'s job, outside this package, and reading measurement and preset files is
+:mod:`jaxsprint.perf.presets`'.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Hashable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxsprint.errors import check
+from jaxsprint.perf import collectives, machines, times
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
+
+LOSSES = ("squared", "soft_l1")
+# Efficiency-like fields live in (0, 1]; the others default to 1/1000..1000 times their value.
+_UNIT_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight", "memory_efficiency",
+                "norm_memory_efficiency", "maxpool_backward_memory_efficiency")
+
+
+# Except the convolution pass efficiencies, which may exceed 1: the model counts a convolution's direct
+# multiply-accumulates, and a fast algorithm does fewer (Winograd's F(2x2, 3x3), which this project's CPU
+# kernels run for 3x3 stride-1 layers, does 2.25x fewer), so its effective rate can be above the peak.
+_CONV_EFFICIENCY_FIELDS = ("efficiency_fwd", "efficiency_bwd_data", "efficiency_bwd_weight")
+_MAX_CONV_EFFICIENCY = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """One measured train step.
+
+    Attributes:
+      network: Cost table of the trained network.
+      sub_batch: Samples per step.
+      measured_s: Seconds per step (one learner).
+      update_passes: Passes of the optimiser update over the ``4P`` parameter bytes inside the
+        timed step (plain SGD: 3, momentum SGD: 5).
+      label: Name for tables.
+    """
+
+    network: NetworkCost
+    sub_batch: int
+    measured_s: float
+    update_passes: float = 3.0
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class AllreduceTiming:
+    """One measured all-reduce of ``message_bytes`` per rank over ``ranks`` ranks."""
+
+    message_bytes: float
+    ranks: int
+    measured_s: float
+    label: str = ""
+
+
+def step_time_s(network: NetworkCost, machine: Machine, sub_batch: jax.Array,
+                update_passes: jax.Array = 3.0) -> jax.Array:
+    """Model of one train step on one learner: forward, backward and the optimiser update.
+
+    ``device_step_time_s(b) + update_passes * 4P / memory_bandwidth`` (the update streams the
+    parameters, gradients and optimiser state through memory).
+    """
+    update = update_passes * BYTES_PER_VALUE * network.total_params / machine.memory_bandwidth_bytes_per_s
+    return times.device_step_time_s(network, machine, sub_batch) + update
+
+
+def allreduce_time_s(machine: Machine, message_bytes: jax.Array, ranks: jax.Array, *,
+                     algorithm: str = "ring") -> jax.Array:
+    """Model of one all-reduce call: the alpha-beta form plus ``updater_overhead_s``."""
+    return collectives.allreduce_time_s(message_bytes, ranks, machine.network_latency_s,
+                                        machine.network_bandwidth_bytes_per_s,
+                                        algorithm=algorithm) + machine.updater_overhead_s
+
+
+def predict_timings(machine: Machine, steps: Sequence[StepTiming] = (),
+                    allreduces: Sequence[AllreduceTiming] = (), *, algorithm: str = "ring"
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Model times of the measured configurations: ``(step_s [n_steps], allreduce_s [n_ar])``."""
+    f = jax.jit(lambda m: _predict(m, _group(steps), allreduces, algorithm))
+    a, b = f(machine)
+    return np.asarray(a), np.asarray(b)
+
+
+def _group(steps: Sequence[StepTiming]) -> list[tuple[NetworkCost, np.ndarray, np.ndarray, np.ndarray]]:
+    """Steps grouped by network (one vmapped evaluation each): (net, indices, batches, passes)."""
+    groups: dict[int, list[int]] = {}
+    nets: dict[int, NetworkCost] = {}
+    for i, s in enumerate(steps):
+        key = next((k for k, n in nets.items() if n is s.network), None)
+        if key is None:
+            key = len(nets)
+            nets[key] = s.network
+        groups.setdefault(key, []).append(i)
+    return [(nets[k], np.asarray(idx), np.asarray([steps[i].sub_batch for i in idx], np.float32),
+             np.asarray([steps[i].update_passes for i in idx], np.float32))
+            for k, idx in groups.items()]
+
+
+def _predict(machine: Machine, groups, allreduces: Sequence[AllreduceTiming], algorithm: str
+             ) -> tuple[jax.Array, jax.Array]:
+    n_steps = sum(len(g[1]) for g in groups)
+    out = jnp.zeros((n_steps,), jnp.float32)
+    for net, idx, batch, passes in groups:
+        t = jax.vmap(lambda b, p, net=net: step_time_s(net, machine, b, p))(batch, passes)
+        out = out.at[idx].set(t)
+    if allreduces:
+        m_bytes = jnp.asarray([a.message_bytes for a in allreduces], jnp.float32)
+        ranks = jnp.asarray([a.ranks for a in allreduces], jnp.float32)
+        ar = allreduce_time_s(machine, m_bytes, ranks, algorithm=algorithm)
+    else:
+        ar = jnp.zeros((0,), jnp.float32)
+    return out, ar
+
+
+# ----------------------------------------------------------------------------------------------
+# Fit
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FitResult:
+    """Outcome of :func:`fit`.
+
+    Attributes:
+      machine: The machine with the fitted figures.
+      fitted: ``{field: value}``.
+      rel_std_error: ``{field: relative standard error}`` (Gauss-Newton; inf if not identified).
+      at_bound: Fields that ended within 3% (relative) of a bound.
+      step_errors: Relative errors ``predicted / measured - 1`` of the step timings.
+      allreduce_errors: The same for the all-reduce timings.
+      loss: Final loss (mean of ``rho`` of the log-errors, kinds weighted equally).
+      start_losses: Final loss of every start.
+    """
+
+    machine: Machine
+    fitted: dict[str, float]
+    rel_std_error: dict[str, float]
+    at_bound: list[str]
+    step_errors: np.ndarray
+    allreduce_errors: np.ndarray
+    loss: float
+    start_losses: np.ndarray
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly summary: fitted values with their errors and the residual statistics."""
+        return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound,
+                    loss=self.loss, steps=error_stats(self.step_errors),
+                    allreduces=error_stats(self.allreduce_errors))
+
+    def table(self) -> str:
+        """The fitted figures with their relative standard errors."""
+        lines = [f"  {'figure':36s} {'fitted':>12s} {'rel. std. error':>16s}"]
+        for f, v in self.fitted.items():
+            se = self.rel_std_error[f]
+            flag = "  (at bound)" if f in self.at_bound else ""
+            se_s = f"{100 * se:15.1f}%" if math.isfinite(se) else f"{'not identified':>16s}"
+            lines.append(f"  {f:36s} {v:12.4g} {se_s}{flag}")
+        return "\n".join(lines)
+
+
+def default_bounds(machine: Machine, fields: Iterable[str]) -> dict[str, tuple[float, float]]:
+    """Bounds of :func:`fit`: ``(1e-3, 1)`` for efficiencies (``(1e-3, 4)`` for the convolution passes': a fast
+    algorithm does fewer multiplications than the direct count), ``0.1 .. 1000`` samples for
+    ``half_efficiency_batch``, ``value / 1e3 .. value * 1e3`` else (``1e-7 .. 1e-1`` s for overheads
+    that are zero)."""
+    out = {}
+    for f in fields:
+        v = float(getattr(machine, f))
+        if f in _CONV_EFFICIENCY_FIELDS:
+            out[f] = (1e-3, _MAX_CONV_EFFICIENCY)
+        elif f in _UNIT_FIELDS:
+            out[f] = (1e-3, 1.0)
+        elif f == "half_efficiency_batch":  # off (0) in the presets: samples per step
+            out[f] = (0.1, 1e3)
+        elif v > 0:
+            out[f] = (v / 1e3, v * 1e3)
+        else:
+            out[f] = (1e-7, 1e-1)
+    return out
+
+
+def fit(machine: Machine, steps: Sequence[StepTiming] = (),
+        allreduces: Sequence[AllreduceTiming] = (), *, fields: Sequence[str],
+        bounds: dict[str, tuple[float, float]] | None = None, tied: dict[str, str] | None = None,
+        starts: int = 6, num_steps: int = 1500, learning_rate: float = 0.05, seed: int = 0,
+        algorithm: str = "ring", loss: str = "squared", loss_scale: float = 0.1) -> FitResult:
+    """Fits ``fields`` of ``machine`` to measured timings (see the module docstring).
+
+    Args:
+      machine: Starting machine; the other fields keep its values.
+      steps: Measured train steps.
+      allreduces: Measured all-reduces.
+      fields: Fields to fit.
+      bounds: ``{field: (lo, hi)}`` (default :func:`default_bounds`).
+      tied: ``{field: other}``: ``field`` takes the fitted value of ``other``.
+      starts: Starting points (the first is the machine's own values, clipped into the bounds).
+      num_steps: Adam steps (cosine-decayed step size).
+      learning_rate: Initial Adam step size in the unbounded variables.
+      seed: Seed of the random starts.
+      algorithm: All-reduce algorithm of the model.
+      loss: ``"squared"`` or ``"soft_l1"`` (module docstring).
+      loss_scale: Scale ``s`` of ``soft_l1``, in log units (0.1: about 10%).
+
+    Returns:
+      :class:`FitResult`.
+
+    Raises:
+      ConfigError: no timings, an unknown field, bounds that are not ``0 < lo < hi``, a
+        non-positive or non-finite measured time, more fitted fields than timings, an unknown loss, a fit
+        that overflowed from every start.
+    """
+    steps, allreduces = list(steps), list(allreduces)
+    fields = list(fields)
+    tied = dict(tied or {})
+    n_timings = len(steps) + len(allreduces)
+    check(n_timings > 0, "timings", n_timings, "at least one step or all-reduce timing")
+    for f in fields + list(tied) + list(tied.values()):
+        check(f in machines.FIELDS, "field", f, f"a machine figure: one of {', '.join(machines.FIELDS)}")
+    for t in steps + allreduces:
+        check(math.isfinite(t.measured_s) and t.measured_s > 0, "measured_s", t.measured_s,
+              f"a finite time > 0 (timing {t.label or t})")
+    check(len(fields) <= n_timings, "fields", fields, f"at most as many fields as timings ({n_timings})")
+    check(loss in LOSSES, "loss", loss, f"one of {', '.join(LOSSES)}")
+    check(math.isfinite(loss_scale) and loss_scale > 0, "loss_scale", loss_scale, "a finite number > 0")
+    bounds = {**default_bounds(machine, fields), **(bounds or {})}
+    for f in fields:
+        lo, hi = bounds[f]
+        check(0 < lo < hi, f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
+    log_lo = jnp.asarray([math.log(bounds[f][0]) for f in fields], jnp.float32)
+    log_hi = jnp.asarray([math.log(bounds[f][1]) for f in fields], jnp.float32)
+    groups = _group(steps)
+    log_step = jnp.log(jnp.asarray([s.measured_s for s in steps], jnp.float32))
+    log_ar = jnp.log(jnp.asarray([a.measured_s for a in allreduces], jnp.float32))
+
+    def machine_of(log_theta):
+        figs = {f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)}
+        figs.update({k: figs[v] if v in figs else getattr(machine, v) for k, v in tied.items()})
+        return machine.replace(**figs)
+
+    def residuals(log_theta):
+        ps, pa = _predict(machine_of(log_theta), groups, allreduces, algorithm)
+        return jnp.log(ps) - log_step, jnp.log(pa) - log_ar
+
+    def rho(r):
+        if loss == "squared":
+            return r ** 2
+        return 2.0 * loss_scale ** 2 * (jnp.sqrt(1.0 + (r / loss_scale) ** 2) - 1.0)
+
+    def loss_theta(log_theta):
+        rs, ra = residuals(log_theta)
+        total = jnp.float32(0.0)
+        if steps:
+            total = total + jnp.mean(rho(rs))
+        if allreduces:
+            total = total + jnp.mean(rho(ra))
+        return total
+
+    def to_theta(u):
+        return log_lo + (log_hi - log_lo) * jax.nn.sigmoid(u)
+
+    loss_u = lambda u: loss_theta(to_theta(u))  # noqa: E731
+    sched = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.02)
+    opt = optax.adam(sched)
+
+    @jax.jit
+    def run(u0):
+        def one(u):
+            def body(carry, _):
+                u, st = carry
+                val, g = jax.value_and_grad(loss_u)(u)
+                upd, st = opt.update(g, st, u)
+                return (optax.apply_updates(u, upd), st), val
+            (u, _), _ = jax.lax.scan(body, (u, opt.init(u)), None, length=num_steps)
+            return u, loss_u(u)
+        return jax.vmap(one)(u0)
+
+    # Start 0: the machine's values (clipped just inside the bounds); the others at random.
+    x0 = jnp.asarray([math.log(float(getattr(machine, f))) if float(getattr(machine, f)) > 0
+                      else float(log_lo[i]) for i, f in enumerate(fields)], jnp.float32)
+    frac0 = jnp.clip((x0 - log_lo) / (log_hi - log_lo), 0.02, 0.98)
+    u_first = jnp.log(frac0) - jnp.log1p(-frac0)
+    u_rand = jax.random.normal(jax.random.PRNGKey(seed), (max(starts - 1, 0), len(fields))) * 1.5
+    u_final, losses = run(jnp.concatenate([u_first[None], u_rand]))
+    losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)  # a start that overflowed loses
+    check(bool(jnp.isfinite(jnp.min(losses))), "fields", fields,
+          f"fewer fields or narrower bounds: the fit overflowed from every one of {starts} starts")
+    best = int(jnp.argmin(losses))
+    log_theta = to_theta(u_final[best])
+    fitted_machine = machine_of(log_theta)
+    rs, ra = jax.jit(residuals)(log_theta)  # jitted: eager op-by-op dispatch is slow
+
+    # Gauss-Newton standard errors in log space: each kind's residual variance is estimated
+    # from its own residuals (degrees of freedom shared in proportion), then
+    # Cov(log theta) = (J^T diag(1 / s_kind^2) J)^-1.
+    jac_s, jac_a = (np.asarray(j, np.float64).reshape(-1, len(fields))
+                    for j in jax.jit(jax.jacfwd(residuals))(log_theta))
+    n_all, k = len(steps) + len(allreduces), len(fields)
+    dof_scale = n_all / max(n_all - k, 1)
+    rows, weights = [], []
+    for jac_k, r_k in ((jac_s, np.asarray(rs, np.float64)), (jac_a, np.asarray(ra, np.float64))):
+        if r_k.size:
+            s2 = max(float(np.mean(r_k ** 2)) * dof_scale, 1e-12)
+            rows.append(jac_k)
+            weights.append(np.full(r_k.size, 1.0 / s2))
+    jac = np.concatenate(rows)
+    w = np.concatenate(weights)
+    if np.all(np.isfinite(jac)):
+        diag = np.diag(np.linalg.pinv(jac.T @ (w[:, None] * jac), rcond=1e-10))
+    else:  # a derivative overflowed at the optimum: no standard errors
+        diag = np.full(len(fields), np.inf)
+    se = {}
+    for i, f in enumerate(fields):
+        seen = np.linalg.norm(jac[:, i]) > 1e-6
+        sd = math.sqrt(max(float(diag[i]), 0.0)) if math.isfinite(float(diag[i])) else math.inf
+        se[f] = math.expm1(sd) if seen and sd < 20.0 else math.inf
+    at_bound = [f for i, f in enumerate(fields)
+                if min(float(log_theta[i] - log_lo[i]), float(log_hi[i] - log_theta[i]))
+                < 0.03]
+    fitted = {f: float(jnp.exp(log_theta[i])) for i, f in enumerate(fields)}
+    fitted.update({k2: fitted.get(v, float(getattr(machine, v))) for k2, v in tied.items()})
+    return FitResult(fitted_machine, fitted, {f: se.get(f, se.get(tied.get(f, ""), math.inf))
+                                              for f in fitted},
+                     at_bound, np.expm1(np.asarray(rs)), np.expm1(np.asarray(ra)),
+                     float(losses[best]), np.asarray(losses))
+
+
+def estimate_cv(samples: Sequence[Sequence[float]]) -> float:
+    """Compute-time jitter: the median over configurations of ``1.4826 MAD / median``."""
+    cvs = []
+    for s in samples:
+        s = np.asarray(s, np.float64)
+        if s.size >= 3:
+            med = float(np.median(s))
+            cvs.append(1.4826 * float(np.median(np.abs(s - med))) / med)
+    check(bool(cvs), "samples", [len(s) for s in samples], "at least one configuration with 3 or more samples")
+    return float(np.median(cvs))
+
+
+# ----------------------------------------------------------------------------------------------
+# Held-out checks
+# ----------------------------------------------------------------------------------------------
+
+
+def error_stats(errors: Sequence[float]) -> dict[str, float] | None:
+    """``{n, median_abs_error, mean_abs_error, max_abs_error}`` of relative errors (None when empty)."""
+    e = np.abs(np.asarray(errors, np.float64))
+    if e.size == 0:
+        return None
+    return dict(n=int(e.size), median_abs_error=float(np.median(e)), mean_abs_error=float(np.mean(e)),
+                max_abs_error=float(np.max(e)))
+
+
+def holdout_split(n: int, fraction: float, seed: int = 0) -> np.ndarray:
+    """A random held-out mask of ``n`` timings: ``round(fraction n)`` of them, drawn by a permutation.
+
+    The held-out ones are the last ``round(fraction n)`` of ``np.random.default_rng(seed).permutation(n)``.
+    """
+    check(0.0 <= fraction < 1.0, "holdout_fraction", fraction, "a number >= 0 and < 1")
+    order = np.random.default_rng(seed).permutation(n)
+    held = np.zeros(n, bool)
+    held[order[n - int(round(fraction * n)):]] = True
+    return held
+
+
+def leave_one_group_out(machine: Machine, steps: Sequence[StepTiming], groups: Sequence[Hashable], *,
+                        fields: Sequence[str], **fit_kwargs: Any) -> dict[Hashable, np.ndarray]:
+    """Relative errors of each group's steps predicted by a fit on the other groups' steps.
+
+    Args:
+      machine: Starting machine of every fit.
+      steps: Measured steps.
+      groups: A group per step (e.g. its network's name).
+      fields: Fields to fit.
+      **fit_kwargs: Further arguments of :func:`fit`.
+
+    Returns:
+      ``{group: predicted / measured - 1 of its steps}`` in the order of first appearance.
+    """
+    steps, groups = list(steps), list(groups)
+    check(len(groups) == len(steps), "groups", len(groups), f"one group per step ({len(steps)})")
+    out = {}
+    for g in dict.fromkeys(groups):
+        held = [s for s, k in zip(steps, groups) if k == g]
+        rest = [s for s, k in zip(steps, groups) if k != g]
+        r = fit(machine, rest, fields=fields, **fit_kwargs)
+        pred, _ = predict_timings(r.machine, held)
+        out[g] = np.asarray(pred) / np.asarray([s.measured_s for s in held]) - 1.0
+    return out
+
+
+__all__ = ["AllreduceTiming", "FitResult", "LOSSES", "StepTiming", "allreduce_time_s", "default_bounds",
+           "error_stats", "estimate_cv", "fit", "holdout_split", "leave_one_group_out", "predict_timings",
+           "step_time_s"]

@@ -1,0 +1,227 @@
+r"""The planner against the real SPRINT runtime: measured time to accuracy beside the predicted one.
+
+For each configuration ``(learners, sub-batch, emulated network time)`` on this machine:
+
+1. **Measure** (:func:`measure`): :func:`jaxsprint.runtime.run` trains the runtime's network (``tiny_nobn``
+   at 8x8 on digits, momentum SGD at a constant learning rate, evaluated every few updates); from its event
+   log (:func:`jaxsprint.runtime.events.statistics`) come the measured ``T_u``, mean mini-batch, mean
+   staleness and both pmfs; from its evaluation history the first published version whose test accuracy
+   reaches the target (interpolated), ``U_meas``; the measured time to accuracy is the publish time of that
+   version (the updater's clock), also reported as ``U_meas T_u``.
+2. **Emulate** (:func:`emulated_spec`): the same network in the emulator (:mod:`jaxsprint.plan.emulator`,
+   proxy ``tiny_nobn``), with delays and mini-batches drawn from the runtime's *measured* pmfs and the same
+   learning rate (the delays in non-empty updates, :func:`jaxsprint.runtime.events.effective_staleness`).
+3. **Predict** (:func:`compare`): the law (:func:`jaxsprint.plan.law.fit_law`) fitted to the emulated cells,
+   evaluated at this one's measured mean mini-batch and staleness, times its measured ``T_u``: fitted to every
+   configuration's cell, as the planner fits the cells of its own candidates (no runtime accuracy enters a
+   prediction), and, stricter, to the OTHER configurations' cells only (leave one out, keys ``*_loo``: the law
+   extrapolates to a cell it never saw). The planner's choice is the configuration with the smallest
+   prediction; it is compared with the measured fastest.
+
+This isolates the convergence half (law + emulator) from the timing model, whose own validation against the
+runtime is :mod:`jaxsprint.calibration.compare`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxsprint.plan import emulator
+from jaxsprint.errors import ConfigError, check
+from jaxsprint.plan import law as plan_lib
+
+__all__ = ["compare", "emulated_spec", "measure", "parse_configs", "runtime_config", "updates_from_history"]
+
+
+def parse_configs(text: Sequence[str]) -> list[tuple[int, int, float]]:
+    """``["learners:sub_batch:network_time_s", ...]`` -> tuples.
+
+    Raises:
+      ConfigError: naming ``--runtime_configs``.
+    """
+    out = []
+    for item in text:
+        try:
+            n, b, t = item.split(":")
+            cfg = (int(n), int(b), float(t))
+        except ValueError:
+            raise ConfigError("--runtime_configs", item, "learners:sub_batch:network_time_s, e.g. 4:16:0.01") from None
+        check(cfg[0] >= 1 and cfg[1] >= 1 and math.isfinite(cfg[2]) and cfg[2] >= 0, "--runtime_configs", item,
+              "learners >= 1, sub_batch >= 1, network_time_s >= 0")
+        out.append(cfg)
+    check(len(out) >= 2, "--runtime_configs", list(text), "at least two configurations (one is left out at a time)")
+    return out
+
+
+def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: float, num_updates: int,
+                   eval_every_updates: int, learning_rate: float, seed: int = 0) -> Any:
+    """A SPRINT config (``experiments/configs/sprint.py``) for one configuration of the comparison."""
+    c = copy.deepcopy(base)
+    with c.unlocked():
+        c.model, c.image_size, c.dataset = "tiny_nobn", 8, "digits"
+        # The emulator trains the proxy on the un-augmented images (emulator.load_proxy_data): so must the
+        # runtime, or the comparison measures the augmentation (the SPRINT config's random-resized crops made
+        # the runtime need about 1.8x the emulator's updates at every staleness).
+        c.augment.kind = "none"
+        c.lr.scaling, c.lr.schedule, c.lr.base, c.lr.warmup_epochs = "none", "constant", float(learning_rate), 0.0
+        s = c.sprint
+        s.learners_per_host, s.sub_batch, s.network_time_s = int(learners), int(sub_batch), float(network_time_s)
+        s.num_updates, s.duration_s, s.num_epochs = int(num_updates), 0.0, 0.0
+        s.eval_every_updates, s.seed, s.checkpoint = int(eval_every_updates), int(seed), False
+        # Evaluated after the run: evaluating while it runs takes the cores from the updater and the learners
+        # and changes the staleness being measured (with 8 learners at sub-batch 64 on this project's 2-core
+        # machine, mean staleness 6.3 with live evaluation every 10 updates, 15-16 without).
+        s.eval_deferred = True
+        s.warmup_s = 0.0  # every update counts: the statistics must describe the whole run to the target
+    return c
+
+
+def updates_from_history(history: Sequence[tuple[int, Mapping[str, float]]], target: float) -> float | None:
+    """First version at which the evaluated accuracy reaches ``target`` (interpolated), or None."""
+    if not history:
+        return None
+    v = np.asarray([h[0] for h in history], np.float64)
+    a = np.asarray([h[1]["accuracy"] for h in history], np.float64)
+    return emulator.updates_to_target(v, a, target)
+
+
+def _pmf_array(pmf: Mapping[Any, float], size: int | None = None) -> np.ndarray:
+    keys = [int(k) for k in pmf]
+    out = np.zeros((max(keys) + 1 if size is None else size))
+    for k, p in pmf.items():
+        out[min(int(k), out.size - 1)] += float(p)
+    return out / out.sum()
+
+
+RUN_RECORD = "plan_runtime_config.json"  # the config a finished run of the workdir was made with
+
+
+def _saved_run(config: Any, workdir: str) -> tuple[dict[str, np.ndarray], list, dict] | None:
+    """The finished run in ``workdir`` (events, evaluation history, final evaluation) if it was made with
+    exactly ``config`` (its JSON equals :data:`RUN_RECORD`'s), else None."""
+    from jaxsprint.runtime import events
+
+    paths = [os.path.join(workdir, f) for f in (RUN_RECORD, "events.npz", "summary.json")]
+    if not all(os.path.isfile(p) for p in paths):
+        return None
+    with open(paths[0]) as fh:
+        if fh.read() != config.to_json(sort_keys=True):
+            return None
+    with open(paths[2]) as fh:
+        summary = json.load(fh)
+    history = [(int(h["version"]), {k: v for k, v in h.items() if k != "version"}) for h in summary["eval_history"]]
+    return events.load(paths[1]), history, dict(summary.get("eval", {}))
+
+
+def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = False) -> dict[str, Any]:
+    """Runs the runtime on ``config``; its measured statistics and time to accuracy (module docstring).
+
+    With ``reuse``, a finished run in ``workdir`` made with the same config (:data:`RUN_RECORD`) is read
+    instead of run again, so that one set of runs can be judged at several targets; any difference in the
+    config runs it again.
+    """
+    from jaxsprint import runtime
+    from jaxsprint.runtime import events
+
+    saved = _saved_run(config, workdir) if reuse else None
+    if saved is None:
+        record = os.path.join(workdir, RUN_RECORD)
+        if os.path.exists(record):  # the old run's record must not vouch for the new run's files
+            os.remove(record)
+        res = runtime.run(config, workdir)
+        log, history, final = res.events, res.eval_history, res.eval
+        with open(record, "w") as fh:
+            fh.write(config.to_json(sort_keys=True))
+    else:
+        log, history, final = saved
+    st = events.statistics(log)
+    u = updates_from_history(history, target_accuracy)
+    t_end = np.asarray(log["update_t_end"], np.float64)
+    wall = None
+    if u is not None and t_end.size:
+        i = min(int(math.ceil(u)), t_end.size) - 1
+        wall = float(t_end[i])
+    keep = ("t_compute_s", "t_update_s", "mean_minibatch", "mean_staleness", "staleness_pmf", "minibatch_pmf",
+            "mean_effective_staleness", "effective_staleness_pmf", "learners", "sub_batch", "network_time_s",
+            "updates")
+    return {**{k: st[k] for k in keep}, "updates_to_target": u,
+            "time_to_accuracy_s": wall, "time_to_accuracy_from_updates_s": None if u is None else u * st["t_update_s"],
+            "final_accuracy": float(final.get("accuracy", math.nan)), "reused": saved is not None}
+
+
+def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> emulator.RunSpec:
+    """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
+    check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "--runtime_updates",
+          measured.get("updates"), "enough updates for measured statistics (the run recorded none)")
+    # The emulator's ring stands still on an empty update, so its delay counts non-empty updates: it draws the
+    # run's staleness in those (events.effective_staleness), not in versions, or it trains a staler run than
+    # the one measured wherever empty cycles are common (the high-staleness configurations). The law keeps the
+    # version staleness as its coordinate, as the planner's candidates do.
+    stale = _pmf_array(measured.get("effective_staleness_pmf") or measured["staleness_pmf"],
+                       emulator.MAX_STALENESS + 1)
+    mb = _pmf_array(measured["minibatch_pmf"])
+    return emulator.RunSpec(stale, mb, float(learning_rate), "none", float(measured["mean_minibatch"]),
+                               float(measured["mean_staleness"]))
+
+
+def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunResult | Any],
+            target_accuracy: float, max_updates: int) -> dict[str, Any]:
+    """Leave-one-out predictions of each configuration's time to accuracy against the measured ones.
+
+    Args:
+      measured: :func:`measure` of each configuration.
+      cells: The emulated :class:`~jaxsprint.plan.emulator.RunResult` of each (same order).
+      target_accuracy: The target.
+      max_updates: The emulated runs' length (censoring).
+
+    Returns:
+      ``{"rows": [...], "median_abs_error": ..., "choice": ..., "measured_fastest": ..., "choice_within": ...}``.
+    """
+    from jaxsprint.plan import planner
+
+    cs = [planner.cell_from_result(r, target_accuracy, max_updates) for r in cells]
+
+    def law_at(i: int, cells_used: list[int]) -> tuple[float, float, float] | None:
+        if not any(not cs[j].censored for j in cells_used):
+            return None
+        fit = plan_lib.fit_law([measured[j]["mean_minibatch"] for j in cells_used],
+                               [measured[j]["mean_staleness"] for j in cells_used],
+                               [cs[j].log_updates for j in cells_used], [cs[j].log_var for j in cells_used],
+                               [cs[j].censored for j in cells_used])
+        return tuple(float(v[0]) for v in plan_lib.band(fit, measured[i]["mean_minibatch"],
+                                                          measured[i]["mean_staleness"]))
+
+    rows = []
+    everyone = list(range(len(measured)))
+    for i, m in enumerate(measured):
+        row = {k: m[k] for k in ("learners", "sub_batch", "network_time_s", "t_update_s", "mean_minibatch",
+                                 "mean_staleness", "updates_to_target", "time_to_accuracy_s")}
+        row["emulated_updates"] = cs[i].updates
+        for suffix, used in (("", everyone), ("_loo", [j for j in everyone if j != i])):
+            pred = law_at(i, used)
+            if pred is None:
+                continue
+            u, lo, hi = pred
+            row.update({f"predicted_updates{suffix}": u, f"predicted_time_to_accuracy_s{suffix}": u * m["t_update_s"],
+                        f"predicted_time_low_s{suffix}": lo * m["t_update_s"],
+                        f"predicted_time_high_s{suffix}": hi * m["t_update_s"]})
+            if m["time_to_accuracy_s"]:
+                row[f"relative_error{suffix}"] = u * m["t_update_s"] / m["time_to_accuracy_s"] - 1.0
+        rows.append(row)
+    meas = [r["time_to_accuracy_s"] or math.inf for r in rows]
+    fastest = int(np.argmin(meas))
+    out: dict[str, Any] = {"rows": rows, "measured_fastest": fastest}
+    for suffix in ("", "_loo"):
+        errs = [abs(r[f"relative_error{suffix}"]) for r in rows if f"relative_error{suffix}" in r]
+        pred = [r.get(f"predicted_time_to_accuracy_s{suffix}", math.inf) for r in rows]
+        choice = int(np.argmin(pred))
+        out[f"median_abs_error{suffix}"] = float(np.median(errs)) if errs else None
+        out[f"choice{suffix}"] = choice
+        out[f"choice_slower_than_fastest_by{suffix}"] = (meas[choice] / meas[fastest] - 1.0
+                                                         if math.isfinite(meas[fastest]) else None)
+    return out

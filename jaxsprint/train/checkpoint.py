@@ -1,0 +1,248 @@
+"""Checkpoints of a training run (I/O only): the train state, its extras and the data iterator, with orbax.
+
+A checkpoint is an orbax Composite of two items: ``train_state`` = ``{"state": <TrainState as a state dict>,
+**extras}`` and, when given, ``train_iterator`` = the grain iterator's position (one small JSON per host,
+`jaxsprint.train.pipeline.checkpoint_args`), so that a resumed run reads exactly the batches the uninterrupted run
+would have read. Restoring needs a template of the same structure (a freshly initialised state and extras),
+whose shardings the restored arrays take, and an iterator made with the same arguments.
+
+Multi-host (``jax.distributed``): every process calls `save` and `restore` with the same step; every saved
+array must be a global ``jax.Array`` (e.g. replicated with ``NamedSharding(mesh, P())`` over the global
+mesh), never a host-local one. orbax writes each array once (process 0 for replicated ones), every host's
+iterator position to its own file, and commits the step after a barrier, so a checkpoint written by P
+processes restores into P processes (and the arrays into any mesh: they are stored whole).
+
+Before restoring, the saved tree's metadata (paths, shapes, dtypes) is compared with the template's, so a
+workdir written by another model or optimizer gives a `CheckpointError` that says what differs instead of
+orbax's "tree structures do not match". A checkpoint that cannot be read (a truncated file) gives a
+`CheckpointError` naming the step; ``resume="latest_good"`` falls back to the newest readable one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from jaxsprint.train import pipeline
+from jaxsprint.errors import CheckpointError, check
+
+__all__ = ["RESUME_MODES", "describe_mismatch", "manager", "named_leaves", "restore", "save", "validate_config"]
+
+# config.resume: "latest" restores the newest checkpoint and fails if it cannot be read; "latest_good" falls
+# back to the newest one that can be read (a warning names every step skipped).
+RESUME_MODES = ("latest", "latest_good")
+_STATE_ITEM = "train_state"
+
+
+def validate_config(config) -> None:
+    """Checks ``config.resume`` (absent: "latest"). Needs no data: call it before anything is written."""
+    mode = config.get("resume", "latest")
+    check(mode in RESUME_MODES, "config.resume", mode, f"allowed: {', '.join(RESUME_MODES)}")
+
+
+def manager(workdir: str, keep: int = 2) -> ocp.CheckpointManager:
+    """The checkpoint manager of ``<workdir>/checkpoints`` (keeps the newest `keep`, at least 1)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=max(int(keep), 1), create=True)
+    return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options)
+
+
+def _host_local(leaf) -> bool:
+    return isinstance(leaf, np.ndarray) or (isinstance(leaf, jax.Array) and leaf.is_fully_addressable)
+
+
+def save(mgr: ocp.CheckpointManager, step: int, state: Any, extra: dict | None = None,
+         iterator: Any = None) -> None:
+    """Saves `state` (a flax struct, e.g. the TrainState), `extra` arrays and the position of the grain
+    `iterator` (if given; taken now, even if the loop reads on before the asynchronous save ends) at `step`.
+
+    Raises:
+      ValueError: in a multi-process run, a leaf that is not a global array (names the leaf).
+    """
+    tree = {"state": flax.serialization.to_state_dict(state)}
+    if extra:
+        tree.update(extra)
+    if jax.process_count() > 1:
+        for path, leaf in named_leaves(tree):
+            if _host_local(leaf):
+                raise ValueError(f"checkpoint leaf {path} is host-local ({type(leaf).__name__}); a multi-process "
+                                 "checkpoint needs global arrays (e.g. replicated over the global mesh)")
+    items = {_STATE_ITEM: ocp.args.StandardSave(tree)}
+    if iterator is not None:
+        items["train_iterator"] = pipeline.checkpoint_args(iterator)
+    mgr.save(step, args=ocp.args.Composite(**items))
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def named_leaves(tree) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of every leaf of `tree`, paths like ``state/params/Dense_0/kernel``."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [("/".join(_key_name(k) for k in path), leaf) for path, leaf in leaves]
+
+
+def _table(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {p: (tuple(leaf.shape), str(np.dtype(leaf.dtype))) for p, leaf in named_leaves(tree)
+            if hasattr(leaf, "shape")}
+
+
+def _hint(paths) -> str:
+    parts = {p.split("/")[1] if p.startswith("state/") and p.count("/") else p.split("/")[0] for p in paths}
+    hints = []
+    if parts & {"params", "batch_stats", "polished_batch_stats"}:
+        hints.append("config.model (or its BatchNorm / dtype settings)")
+    if "opt_state" in parts:
+        hints.append("config.optimizer or config.async_emulation")
+    return f"; was it written with another {' or '.join(hints)}?" if hints else ""
+
+
+def describe_mismatch(saved: dict, expected: dict, limit: int = 3) -> str | None:
+    """What differs between two ``{path: (shape, dtype)}`` tables (None: they match)."""
+    def order(p):  # the parameters first, then the rest of the state, then the extras
+        return (not p.startswith("state/params/"), not p.startswith("state/"), p)
+
+    missing = sorted(set(expected) - set(saved), key=order)
+    unexpected = sorted(set(saved) - set(expected), key=order)
+    changed = sorted((p for p in set(saved) & set(expected) if saved[p] != expected[p]), key=order)
+    if not (missing or unexpected or changed):
+        return None
+
+    def few(paths):
+        return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+    out = []
+    if missing:
+        out.append(f"{len(missing)} arrays this config needs are not in it ({few(missing)})")
+    if unexpected:
+        out.append(f"{len(unexpected)} arrays in it are not in this config's state ({few(unexpected)})")
+    for p in changed[:limit]:
+        (s_shape, s_dtype), (e_shape, e_dtype) = saved[p], expected[p]
+        out.append(f"{p} is {s_dtype}{list(s_shape)} there, {e_dtype}{list(e_shape)} here")
+    if len(changed) > limit:
+        out.append(f"{len(changed) - limit} more arrays differ in shape or dtype")
+    return "; ".join(out) + _hint(missing + unexpected + changed)
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+class _Unreadable(Exception):
+    """A step whose files cannot be read (the reason is the message)."""
+
+
+def _read_every_chunk(path: epath.Path) -> None:
+    """Reads every entry of the item's OCDBT store, one after the other.
+
+    orbax reads a checkpoint's arrays concurrently; when one read fails it raises and closes its event loop,
+    and the reads still in flight then print "Event loop is closed" tracebacks from tensorstore's threads.
+    Reading sequentially first turns a truncated or missing file into one clean exception (and costs one
+    extra read of the checkpoint, once per start).
+    """
+    if not (path / "manifest.ocdbt").exists():
+        return  # not an OCDBT checkpoint: orbax alone reads it
+    import tensorstore as ts
+
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{os.fspath(path)}"}).result()
+    for key in store.list().result():
+        store.read(key).result()
+
+
+def _restore_step(mgr, step: int, template: dict, iterator) -> dict:
+    path = epath.Path(mgr.directory) / str(step) / _STATE_ITEM
+    try:
+        _read_every_chunk(path)
+        meta = ocp.StandardCheckpointHandler().metadata(path)
+        saved = _table(getattr(meta, "tree", meta))
+    except Exception as e:  # orbax raises many kinds for unreadable files; all mean "this step is broken"
+        raise _Unreadable(f"its files cannot be read ({_short(e)})") from e
+    diff = describe_mismatch(saved, _table(template))
+    if diff is not None:
+        raise CheckpointError("checkpoint step", step, f"the checkpoint in {mgr.directory} was written by a run "
+                              f"with another state (use another workdir, or the config that wrote it): {diff}")
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), template)
+    items = {_STATE_ITEM: ocp.args.StandardRestore(abstract)}
+    if iterator is not None:
+        items["train_iterator"] = pipeline.restore_args(iterator)
+    try:
+        return dict(mgr.restore(step, args=ocp.args.Composite(**items))[_STATE_ITEM])
+    except Exception as e:
+        raise _Unreadable(f"it cannot be read ({_short(e)})") from e
+
+
+def _set_aside(mgr: ocp.CheckpointManager, steps: list[int]) -> None:
+    """Moves unreadable steps out of the manager's directory (to ``<workdir>/unreadable_checkpoints/``), so
+    that the resumed run can save those steps again; kept, not deleted, for a post-mortem."""
+    directory = epath.Path(mgr.directory)
+    aside = directory.parent / "unreadable_checkpoints"
+    if jax.process_index() == 0:
+        aside.mkdir(parents=True, exist_ok=True)
+        for step in steps:
+            target = aside / str(step)
+            if target.exists():
+                target = aside / f"{step}-{len(list(aside.iterdir()))}"
+            (directory / str(step)).rename(target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("jaxsprint_checkpoint_set_aside")
+    mgr.reload()
+
+
+def restore(mgr: ocp.CheckpointManager, state: Any, extra_template: dict | None = None, iterator: Any = None,
+            *, resume: str = "latest") -> tuple[Any, dict, int] | None:
+    """Restores the latest checkpoint into `state`'s structure and shardings, and `iterator` (if given) to
+    the saved position.
+
+    Args:
+      mgr: the run's manager (`manager`).
+      state: a freshly initialised state of this run (the template: structure, shapes, shardings).
+      extra_template: the extras saved beside it, likewise.
+      iterator: the run's training iterator, made with the same arguments as the saved one.
+      resume: "latest" (a checkpoint that cannot be read is an error) or "latest_good" (fall back to the
+        newest one that can be read; the unreadable newer steps are moved to
+        ``<workdir>/unreadable_checkpoints/``).
+
+    Returns:
+      ``(state, extras, step)``, or None when there is no checkpoint.
+
+    Raises:
+      CheckpointError: the checkpoint was written by a run with another state (another model, optimizer or
+        async emulation: the message lists what differs), or it cannot be read (the message names the step;
+        with "latest_good", only when none can be read). Raised before anything is written.
+    """
+    check(resume in RESUME_MODES, "config.resume", resume, f"allowed: {', '.join(RESUME_MODES)}")
+    steps = sorted(mgr.all_steps(), reverse=True)
+    if not steps:
+        return None
+    template = {"state": flax.serialization.to_state_dict(state)}
+    if extra_template:
+        template.update(extra_template)
+    skipped = []
+    for step in steps:
+        try:
+            restored = _restore_step(mgr, step, template, iterator)
+        except _Unreadable as e:
+            if resume != "latest_good":
+                raise CheckpointError("checkpoint step", step, f"in {mgr.directory}, {e}; config.resume="
+                                      "'latest_good' falls back to the newest checkpoint that can be read"
+                                      ) from None
+            logging.warning("checkpoint step %d cannot be read, trying an older one: %s", step, e)
+            skipped.append(step)
+            continue
+        if skipped:
+            _set_aside(mgr, skipped)
+        new_state = flax.serialization.from_state_dict(state, restored.pop("state"))
+        return new_state, restored, step
+    raise CheckpointError(f"checkpoints in {mgr.directory}", skipped, "none of them can be read")
