@@ -53,7 +53,7 @@ every cycle non-empty. The queue term: once the learners alone fill the cores (`
 With several co-located hosts the updater's own work stretches by ``1 + s_H`` (``updater_hosts_stretch``:
 each all-reduce waits for the slower process). The interpreter lock's bound counts the updater's hold as half
 its busy fraction. The form was chosen from measured runs of the runtime on two CPUs
-(``experiments/screen_runtime_forms.py``, ``docs/sprint-runtime.md``); with ``g = c = q = s_H = c_u =
+(screened with an earlier version, commit eb38136; ``docs/sprint-runtime.md``); with ``g = c = q = s_H = c_u =
 t_apply = 0`` and ``p = 1`` the learner's cycle is the smooth maximum of ``T_c(b)`` and ``N T_c(b) / C`` (at
 most ``2^{1/k}`` above the larger, at ``N = C``) and the updater's the SPRINT model's.
 """
