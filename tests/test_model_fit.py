@@ -40,7 +40,7 @@ def _synthetic(noise: float, seed: int = 0):
 def test_fit_recovers_known_figures_from_noisy_synthetic_timings():
     true, steps, ars = _synthetic(noise=0.01)
     res = model_fit.fit(mc.get("cpu"), steps, ars, fields=FIELDS,
-                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=3, num_steps=1500)
+                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=3)
     for f, v in TRUE.items():
         assert res.fitted[f] == pytest.approx(v, rel=0.06), f
         assert 0 < res.rel_std_error[f] < 0.1, f
@@ -58,7 +58,7 @@ def test_fit_recovers_known_figures_from_noisy_synthetic_timings():
 def test_bounds_hold():
     _, _, ars = _synthetic(noise=0.0)
     res = model_fit.fit(mc.get("cpu"), allreduces=ars, fields=["updater_overhead_s", "network_latency_s"],
-                        bounds={"updater_overhead_s": (1e-4, 2e-4)}, starts=2, num_steps=600)
+                        bounds={"updater_overhead_s": (1e-4, 2e-4)}, starts=2)
     assert 1e-4 <= res.fitted["updater_overhead_s"] <= 2e-4
     assert res.at_bound == ["updater_overhead_s"]  # the truth (3e-4) lies outside
 
@@ -112,7 +112,7 @@ def test_fit_recovers_a_small_batch_factor():
     ps, _ = model_fit.predict_timings(true, steps)
     steps = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
     res = model_fit.fit(mc.get("cpu"), steps, fields=["efficiency_fwd", "half_efficiency_batch"],
-                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=3, num_steps=1500)
+                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=3)
     assert res.fitted["half_efficiency_batch"] == pytest.approx(3.0, rel=0.03)
     assert res.fitted["efficiency_fwd"] == pytest.approx(0.6, rel=0.03)
 
@@ -130,7 +130,7 @@ def test_conv_efficiencies_may_exceed_one_other_efficiencies_may_not():
     ps, _ = model_fit.predict_timings(true, steps)
     steps = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
     res = model_fit.fit(mc.get("cpu"), steps, fields=["efficiency_fwd"],
-                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=2, num_steps=1000)
+                        tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=2)
     assert res.fitted["efficiency_fwd"] == pytest.approx(2.0, rel=0.03)
     assert not res.at_bound
 
@@ -143,7 +143,7 @@ def test_robust_loss_resists_an_outlier_and_equals_squared_without_one():
     clean = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
     dirty = list(clean)
     dirty[3] = dataclasses.replace(dirty[3], measured_s=3.0 * dirty[3].measured_s)  # one run 3x slow
-    kw = dict(fields=["efficiency_fwd"], tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=1, num_steps=400)
+    kw = dict(fields=["efficiency_fwd"], tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=1)
     squared = model_fit.fit(mc.get("cpu"), dirty, **kw).fitted["efficiency_fwd"]
     robust = model_fit.fit(mc.get("cpu"), dirty, loss="soft_l1", loss_scale=0.05, **kw).fitted["efficiency_fwd"]
     assert abs(math.log(robust / 0.6)) < 0.5 * abs(math.log(squared / 0.6))
@@ -168,7 +168,7 @@ def test_leave_one_group_out_predicts_unseen_networks():
     steps = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(steps, ps)]
     groups = [s.label.split()[0] for s in steps]
     errors = model_fit.leave_one_group_out(mc.get("cpu"), steps, groups, fields=["efficiency_fwd"],
-                                           tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=1, num_steps=400)
+                                           tied={"efficiency_bwd_data": "efficiency_fwd"}, starts=1)
     assert list(errors) == list(nets) and all(e.shape == (3,) for e in errors.values())
     assert np.max(np.abs(np.concatenate(list(errors.values())))) < 0.01  # data made by the model itself
     stats = model_fit.error_stats(np.concatenate(list(errors.values())))

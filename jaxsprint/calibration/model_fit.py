@@ -1,4 +1,4 @@
-r"""Calibration of a machine's figures to measured timings, by gradient descent on log-error.
+r"""Calibration of a machine's figures to measured timings, by least squares on log-error.
 
 A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a
 sub-batch, the measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks,
@@ -12,9 +12,9 @@ to minimise the mean log-error loss
 each kind (steps, all-reduces) weighted equally, with ``rho(r) = r^2`` (``loss="squared"``) or the
 robust ``rho(r) = 2 s^2 (sqrt(1 + (r / s)^2) - 1)`` (``loss="soft_l1"``, scale ``s``: quadratic for
 ``|r| << s``, linear beyond, so a few run-to-run outliers pull less; the same form as
-``scipy.optimize.least_squares(loss="soft_l1", f_scale=s)``). Bounds hold by construction:
-``log theta_k = log lo_k + (log hi_k - log lo_k) sigmoid(u_k)``, and Adam (optax) runs on ``u``
-from several starts (the machine's own values and random points, one ``vmap``), keeping the best.
+``scipy.optimize.least_squares(loss="soft_l1", f_scale=s)``). :func:`jaxsprint.perf.fit.least_squares`
+solves it in ``log theta`` inside the bounds (a JAX Jacobian), from several starts (the machine's own
+values and random points in the box), keeping the best.
 The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.times.device_step_time_s` plus
 the optimiser's passes over the parameters); of an all-reduce, :func:`allreduce_time_s`
 (:func:`jaxsprint.perf.collectives.allreduce_time_s` plus ``updater_overhead_s``, the fixed
@@ -46,10 +46,10 @@ from typing import Any, Hashable, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxsprint.errors import check
 from jaxsprint.perf import collectives, machines, times
+from jaxsprint.perf import fit as lsq
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 
@@ -225,7 +225,7 @@ def default_bounds(machine: Machine, fields: Iterable[str]) -> dict[str, tuple[f
 def fit(machine: Machine, steps: Sequence[StepTiming] = (),
         allreduces: Sequence[AllreduceTiming] = (), *, fields: Sequence[str],
         bounds: dict[str, tuple[float, float]] | None = None, tied: dict[str, str] | None = None,
-        starts: int = 6, num_steps: int = 1500, learning_rate: float = 0.05, seed: int = 0,
+        starts: int = 6, max_nfev: int | None = None, seed: int = 0,
         algorithm: str = "ring", loss: str = "squared", loss_scale: float = 0.1) -> FitResult:
     """Fits ``fields`` of ``machine`` to measured timings (see the module docstring).
 
@@ -237,8 +237,8 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
       bounds: ``{field: (lo, hi)}`` (default :func:`default_bounds`).
       tied: ``{field: other}``: ``field`` takes the fitted value of ``other``.
       starts: Starting points (the first is the machine's own values, clipped into the bounds).
-      num_steps: Adam steps (cosine-decayed step size).
-      learning_rate: Initial Adam step size in the unbounded variables.
+      max_nfev: Residual evaluations per start at most (None: :func:`jaxsprint.perf.fit.least_squares`'
+        default).
       seed: Seed of the random starts.
       algorithm: All-reduce algorithm of the model.
       loss: ``"squared"`` or ``"soft_l1"`` (module docstring).
@@ -269,8 +269,8 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
     for f in fields:
         lo, hi = bounds[f]
         check(0 < lo < hi, f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
-    log_lo = jnp.asarray([math.log(bounds[f][0]) for f in fields], jnp.float32)
-    log_hi = jnp.asarray([math.log(bounds[f][1]) for f in fields], jnp.float32)
+    lo_np = np.asarray([math.log(bounds[f][0]) for f in fields])
+    hi_np = np.asarray([math.log(bounds[f][1]) for f in fields])
     groups = _group(steps)
     log_step = jnp.log(jnp.asarray([s.measured_s for s in steps], jnp.float32))
     log_ar = jnp.log(jnp.asarray([a.measured_s for a in allreduces], jnp.float32))
@@ -284,87 +284,49 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
         ps, pa = _predict(machine_of(log_theta), groups, allreduces, algorithm)
         return jnp.log(ps) - log_step, jnp.log(pa) - log_ar
 
-    def rho(r):
-        if loss == "squared":
-            return r ** 2
-        return 2.0 * loss_scale ** 2 * (jnp.sqrt(1.0 + (r / loss_scale) ** 2) - 1.0)
+    # Each kind's losses weighted by 1 / its count: the least-squares cost 1/2 sum w rho is half the loss.
+    weights = np.concatenate([np.full(len(steps), 1.0 / max(len(steps), 1)),
+                              np.full(len(allreduces), 1.0 / max(len(allreduces), 1))])
 
-    def loss_theta(log_theta):
-        rs, ra = residuals(log_theta)
-        total = jnp.float32(0.0)
-        if steps:
-            total = total + jnp.mean(rho(rs))
-        if allreduces:
-            total = total + jnp.mean(rho(ra))
-        return total
+    def stacked(log_theta):
+        return jnp.concatenate(residuals(log_theta))
 
-    def to_theta(u):
-        return log_lo + (log_hi - log_lo) * jax.nn.sigmoid(u)
-
-    loss_u = lambda u: loss_theta(to_theta(u))  # noqa: E731
-    sched = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.02)
-    opt = optax.adam(sched)
-
-    @jax.jit
-    def run(u0):
-        def one(u):
-            def body(carry, _):
-                u, st = carry
-                val, g = jax.value_and_grad(loss_u)(u)
-                upd, st = opt.update(g, st, u)
-                return (optax.apply_updates(u, upd), st), val
-            (u, _), _ = jax.lax.scan(body, (u, opt.init(u)), None, length=num_steps)
-            return u, loss_u(u)
-        return jax.vmap(one)(u0)
-
-    # Start 0: the machine's values (clipped just inside the bounds); the others at random.
-    x0 = jnp.asarray([math.log(float(getattr(machine, f))) if float(getattr(machine, f)) > 0
-                      else float(log_lo[i]) for i, f in enumerate(fields)], jnp.float32)
-    frac0 = jnp.clip((x0 - log_lo) / (log_hi - log_lo), 0.02, 0.98)
-    u_first = jnp.log(frac0) - jnp.log1p(-frac0)
-    u_rand = jax.random.normal(jax.random.PRNGKey(seed), (max(starts - 1, 0), len(fields))) * 1.5
-    u_final, losses = run(jnp.concatenate([u_first[None], u_rand]))
-    losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)  # a start that overflowed loses
-    check(bool(jnp.isfinite(jnp.min(losses))), "fields", fields,
+    sigmoid = lambda u: 1.0 / (1.0 + np.exp(-u))  # noqa: E731
+    # Start 0: the machine's values (clipped just inside the bounds); the others at random in the box.
+    x0 = np.asarray([math.log(float(getattr(machine, f))) if float(getattr(machine, f)) > 0
+                     else lo_np[i] for i, f in enumerate(fields)])
+    frac = [np.clip((x0 - lo_np) / (hi_np - lo_np), 0.02, 0.98)]
+    frac += list(sigmoid(np.random.default_rng(seed).normal(size=(max(starts - 1, 0), len(fields))) * 1.5))
+    res = lsq.least_squares(jax.jit(stacked), lo_np + (hi_np - lo_np) * np.asarray(frac),
+                            jac=jax.jit(jax.jacfwd(stacked)), bounds=(lo_np, hi_np),
+                            loss="linear" if loss == "squared" else "soft_l1", f_scale=loss_scale,
+                            weights=weights, max_nfev=max_nfev, bound_tol=0.03)
+    check(math.isfinite(res.cost), "fields", fields,
           f"fewer fields or narrower bounds: the fit overflowed from every one of {starts} starts")
-    best = int(jnp.argmin(losses))
-    log_theta = to_theta(u_final[best])
+    log_theta = jnp.asarray(res.x, jnp.float32)
     fitted_machine = machine_of(log_theta)
-    rs, ra = jax.jit(residuals)(log_theta)  # jitted: eager op-by-op dispatch is slow
+    rs, ra = res.residuals[:len(steps)], res.residuals[len(steps):]
 
     # Gauss-Newton standard errors in log space: each kind's residual variance is estimated
     # from its own residuals (degrees of freedom shared in proportion), then
     # Cov(log theta) = (J^T diag(1 / s_kind^2) J)^-1.
-    jac_s, jac_a = (np.asarray(j, np.float64).reshape(-1, len(fields))
-                    for j in jax.jit(jax.jacfwd(residuals))(log_theta))
+    jac = res.jacobian
     n_all, k = len(steps) + len(allreduces), len(fields)
     dof_scale = n_all / max(n_all - k, 1)
-    rows, weights = [], []
-    for jac_k, r_k in ((jac_s, np.asarray(rs, np.float64)), (jac_a, np.asarray(ra, np.float64))):
-        if r_k.size:
-            s2 = max(float(np.mean(r_k ** 2)) * dof_scale, 1e-12)
-            rows.append(jac_k)
-            weights.append(np.full(r_k.size, 1.0 / s2))
-    jac = np.concatenate(rows)
-    w = np.concatenate(weights)
-    if np.all(np.isfinite(jac)):
-        diag = np.diag(np.linalg.pinv(jac.T @ (w[:, None] * jac), rcond=1e-10))
-    else:  # a derivative overflowed at the optimum: no standard errors
-        diag = np.full(len(fields), np.inf)
+    w = np.concatenate([np.full(r_k.size, 1.0 / max(float(np.mean(r_k ** 2)) * dof_scale, 1e-12))
+                        for r_k in (rs, ra) if r_k.size])
+    diag = np.diag(lsq.gauss_newton_covariance(np.sqrt(w)[:, None] * jac, 1.0, rcond=1e-10))
     se = {}
     for i, f in enumerate(fields):
-        seen = np.linalg.norm(jac[:, i]) > 1e-6
+        seen = not np.linalg.norm(jac[:, i]) <= 1e-6  # a non-finite column counts as seen (its sd is inf)
         sd = math.sqrt(max(float(diag[i]), 0.0)) if math.isfinite(float(diag[i])) else math.inf
         se[f] = math.expm1(sd) if seen and sd < 20.0 else math.inf
-    at_bound = [f for i, f in enumerate(fields)
-                if min(float(log_theta[i] - log_lo[i]), float(log_hi[i] - log_theta[i]))
-                < 0.03]
-    fitted = {f: float(jnp.exp(log_theta[i])) for i, f in enumerate(fields)}
+    at_bound = [f for i, f in enumerate(fields) if res.at_bound[i]]
+    fitted = {f: min(max(math.exp(float(res.x[i])), bounds[f][0]), bounds[f][1]) for i, f in enumerate(fields)}
     fitted.update({k2: fitted.get(v, float(getattr(machine, v))) for k2, v in tied.items()})
     return FitResult(fitted_machine, fitted, {f: se.get(f, se.get(tied.get(f, ""), math.inf))
                                               for f in fitted},
-                     at_bound, np.expm1(np.asarray(rs)), np.expm1(np.asarray(ra)),
-                     float(losses[best]), np.asarray(losses))
+                     at_bound, np.expm1(rs), np.expm1(ra), 2.0 * res.cost, 2.0 * res.start_costs)
 
 
 def estimate_cv(samples: Sequence[Sequence[float]]) -> float:

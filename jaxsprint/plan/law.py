@@ -30,8 +30,9 @@ mild staleness and the near-divergence seen at large ``lr tau``.
 
 **Fit** (:func:`fit_law`). Weighted least squares in ``log U`` (weights ``1 / (var_seeds + floor)``) with
 broad Gaussian priors on ``theta`` (so that a design without staleness or with few cells stays well posed),
-by Levenberg-Marquardt from several starts. Runs that never reached the target are censored at their length
-``U_max``: they enter as one-sided residuals ``min(0, log U(x) - log U_max)``. The covariance is the Laplace
+by :func:`jaxsprint.perf.fit.least_squares` (bounded trust region, JAX Jacobian) from several starts. Runs
+that never reached the target are censored at their length ``U_max``: they enter as one-sided residuals
+``min(0, log U(x) - log U_max)``. The covariance is the Laplace
 approximation ``C = s^2 (J^T J)^{-1}`` (``J`` including the prior rows, ``s^2`` the reduced chi-square when
 above 1); the band of a prediction is ``log U +- z sqrt(g^T C g + sigma_res^2)``, ``g = d log U / d theta``
 (the delta method). :func:`least_certain` ranks unrun candidates by ``g^T C g``: the next emulated runs go
@@ -54,7 +55,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -64,6 +64,7 @@ import numpy as np
 import optax
 
 from jaxsprint.errors import ConfigError, check
+from jaxsprint.perf import fit as lsq
 from jaxsprint.perf import search
 from jaxsprint.perf import space as spaces
 
@@ -146,38 +147,13 @@ def _residuals(theta, b, tau, y, w, cens, b_ref, pm, ps):
     return jnp.concatenate([jnp.sqrt(w) * d, (theta - pm) / ps])
 
 
-@functools.partial(jax.jit, static_argnames=("iters",))
-def _levenberg_marquardt(theta0, b, tau, y, w, cens, b_ref, pm, ps, *, iters):
-    """Levenberg-Marquardt on :func:`_residuals` from each start ``theta0[k]``: ``(theta, cost, jacobian)``."""
-    args = (b, tau, y, w, cens, b_ref, pm, ps)
-    return jax.vmap(lambda t: _lm_one(t, args, iters))(theta0)
-
-
-def _lm_one(theta0, args, iters):
-
-    def cost(t):
-        r = _residuals(t, *args)
-        return jnp.sum(r * r)
-
-    def step(carry, _):
-        theta, lam, c = carry
-        r = _residuals(theta, *args)
-        jac = jax.jacfwd(_residuals)(theta, *args)
-        jtj = jac.T @ jac
-        new = theta - jnp.linalg.solve(jtj + lam * (jnp.diag(jnp.diag(jtj)) + 1e-6 * jnp.eye(NUM_PARAMS)), jac.T @ r)
-        new = jnp.clip(new, -30.0, 30.0)
-        c_new = cost(new)
-        ok = jnp.isfinite(c_new) & (c_new < c)
-        return (jnp.where(ok, new, theta), jnp.where(ok, lam * 0.3, lam * 10.0), jnp.where(ok, c_new, c)), None
-
-    (theta, _, c), _ = jax.lax.scan(step, (theta0, jnp.float32(1e-2), cost(theta0)), None, length=iters)
-    return theta, c, jax.jacfwd(_residuals)(theta, *args)
+_RESIDUALS, _JACOBIAN = lsq.jax_pair(_residuals)  # one compilation per padded cell count
 
 
 def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], log_updates: Sequence[float],
             log_var: Sequence[float] | None = None, censored: Sequence[bool] | None = None, *,
             b_ref: float | None = None, prior: Prior | None = None, var_floor: float = 0.01, starts: int = 8,
-            iters: int = 200, seed: int = 0) -> LawFit:
+            max_nfev: int = 200, seed: int = 0) -> LawFit:
     """Fits :func:`law_log_updates` to cells ``(B_i, tau_i, log U_i)`` (module docstring).
 
     Args:
@@ -189,8 +165,8 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
       b_ref: Batch scale (default: geometric mean of the ``B_i``).
       prior: Gaussian prior of ``theta`` (default: :class:`Prior`'s defaults).
       var_floor: Added to every cell's variance (misfit of the law, float noise).
-      starts: Levenberg-Marquardt starts (the prior mean and random perturbations of it).
-      iters: Iterations per start.
+      starts: Least-squares starts (the prior mean and random perturbations of it).
+      max_nfev: Residual evaluations per start at most (:func:`jaxsprint.perf.fit.least_squares`).
       seed: Seed of the perturbations.
 
     Returns:
@@ -227,18 +203,18 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
     pad = lambda a, v: np.concatenate([a, np.full(size - n, v, a.dtype)])  # noqa: E731
     args = tuple(jnp.asarray(pad(a, v), jnp.float32) for a, v in ((b, 1.0), (tau, 0.0), (y, 0.0), (w, 0.0)))
     args += (jnp.asarray(pad(cens, False)), jnp.float32(b_ref), jnp.asarray(pm), jnp.asarray(ps))
-    thetas, costs, jacs = _levenberg_marquardt(jnp.asarray(theta0), *args, iters=iters)
-    costs = np.where(np.isfinite(np.asarray(costs)), np.asarray(costs), np.inf)
-    i = int(np.argmin(costs))
-    theta = np.asarray(thetas[i], np.float64)
-    jac = np.asarray(jacs[i], np.float64)[np.r_[0:n, size:size + NUM_PARAMS]]
+    rows = np.r_[0:n, size:size + NUM_PARAMS]  # the cells and the prior, without the padding
+    res = lsq.least_squares(lambda t: np.asarray(_RESIDUALS(t, *args))[rows], theta0,
+                            jac=lambda t: np.asarray(_JACOBIAN(t, *args))[rows], bounds=(-30.0, 30.0),
+                            sigma2=1.0, max_nfev=max_nfev)
+    theta = res.x
     f = np.asarray(law_log_updates(jnp.asarray(theta, jnp.float32), b, tau, b_ref), np.float64)
     d = f - y
     d = np.where(cens, np.minimum(d, 0.0), d)
     chi2 = float(np.sum(w * d * d))
     dof = max(int(obs.sum()) - NUM_PARAMS, 1)
     scale = max(1.0, chi2 / dof) if obs.sum() > NUM_PARAMS else 1.0
-    cov = scale * np.linalg.pinv(jac.T @ jac)
+    cov = scale * res.cov  # the Laplace covariance (J^T J)^-1 of the cells' and the prior's rows
     res_var = scale * float(np.mean(var[obs] + var_floor)) if obs.any() else var_floor
     return LawFit(theta, cov, b_ref, math.sqrt(res_var), chi2, int(obs.sum()), int(cens.sum()),
                   (float(b.min()), float(b.max())), float(tau.max()))
@@ -285,9 +261,9 @@ def minibatch_ladder(lo: float, hi: float, steps: int) -> list[float]:
     Raises:
       ConfigError: ``lo`` not in ``[1, hi]`` or ``steps`` < 1.
     """
-    check(math.isfinite(lo) and math.isfinite(hi) and 1.0 <= lo <= hi, "--minibatch_range", (lo, hi),
+    check(math.isfinite(lo) and math.isfinite(hi) and 1.0 <= lo <= hi, "config.minibatch_range", (lo, hi),
           "two finite numbers 1 <= lo <= hi (samples)")
-    check(isinstance(steps, int) and steps >= 1, "--ladder", steps, "an integer >= 1")
+    check(isinstance(steps, int) and steps >= 1, "config.ladder", steps, "an integer >= 1")
     if steps == 1:
         return [float(math.sqrt(lo * hi))]
     return [float(v) for v in np.geomspace(lo, hi, steps)]
