@@ -1,25 +1,27 @@
 r"""Choose the cluster configuration that reaches a target accuracy soonest (time to accuracy, not epoch time).
 
-    .venv/bin/python experiments/plan.py --machine=tsubame_kfc_dl --network=resnet50 \
-        --target_accuracy=0.95 --data=digits --model=mlp          # a few minutes on 2 cores
+    .venv/bin/python experiments/plan.py --config=experiments/configs/plan.py \
+        --config.machine=tsubame_kfc_dl --config.network=resnet50 --config.target_accuracy=0.95 \
+        [--workdir=/tmp/plan] [--json] [--plot=plan.png]          # a few minutes on 2 cores
+
+The config file (``experiments/configs/plan.py``, the default of ``--config``) holds every setting of the
+experiment; ``--config.<field>=...`` overrides one. The launcher's own flags are outputs only.
 
 1. Candidates: SPRINT's rule (the gradient search) over a ladder of mean mini-batch targets
-   (``--minibatch_range``, ``--ladder``) and mean-staleness limits (``--staleness_limits``).
+   (``minibatch_range``, ``ladder``) and mean-staleness limits (``staleness_limits``).
 2. Each candidate's predicted staleness and mini-batch pmfs drive an emulated run of a proxy network
-   (``--model``: mlp or cnn at 8x8) on ``--data`` (digits, mnist5k or a prepared TFDS dataset with
-   ``--data_dir``), ``--seeds`` seeds, the learning rate from ``--lr_rule``; runs are cached in
-   ``--cache_dir`` keyed by the candidate's statistics. At most ``--budget_runs`` runs: a space-filling
-   first design, then runs where the fitted law is least certain.
+   (``model``: mlp or cnn at 8x8) on ``data``, ``seeds`` seeds, the learning rate from ``lr_rule``; runs are
+   cached in ``cache_dir`` keyed by the candidate's statistics. At most ``budget_runs`` runs: a
+   space-filling first design, then runs where the fitted law is least certain.
 3. The law ``U(mean mini-batch, mean staleness)`` (McCandlish et al. 2018 with a staleness factor) is fitted
    with its uncertainty; ``U * T_u`` is minimised over (nodes, learners per node, sub-batch).
-4. A table of the candidates (epoch time, mean mini-batch, mean staleness, updates to the target predicted with
-   a band and emulated, time to accuracy), the chosen configuration and the one SPRINT's rule picks for the
-   same mean mini-batch. ``--plot=FILE.png``: epoch time against time to accuracy. ``--json``: one object.
+4. A table of the candidates, the chosen configuration and the one SPRINT's rule picks for the same mean
+   mini-batch. ``--json``: one object; ``--plot``: epoch time against time to accuracy; ``--workdir``: the
+   report (plan.json) and the resolved config (config.json) are written there.
 
-``--holdout=N`` then measures the law's error on N cells of a shifted ladder that were not fitted.
-Mini-batches are in cluster samples; the proxy trains on ``B / --minibatch_scale`` samples (default
-``--dataset_size / proxy training examples``, 1 when the cluster trains on the same data). Bad input exits
-with status 2 and one line naming the flag, before anything is written.
+``holdout=N`` then measures the law's error on N cells of a shifted ladder that were not fitted; with
+``runtime_configs`` the law is compared with the SPRINT runtime instead (its runs go into ``--workdir``).
+Bad input exits with status 2 and one line naming the field, before anything is written.
 """
 from __future__ import annotations
 
@@ -33,114 +35,69 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("machine", None, "Machine preset (see experiments/search.py).")
-flags.DEFINE_string("machine_file", None, "A calibrated machine preset (JSON) instead of --machine.")
-flags.DEFINE_string("network", None, "Network of the zoo whose costs give T_c and T_u.")
-flags.DEFINE_float("target_accuracy", None, "Test accuracy to reach, in (0, 1].")
-flags.DEFINE_string("data", "digits", "Proxy data: digits, mnist5k or a TFDS dataset prepared in --data_dir.")
-flags.DEFINE_string("data_dir", None, "Directory of a prepared TFDS dataset.")
-flags.DEFINE_string("model", "mlp", "Proxy network: mlp or cnn.")
-flags.DEFINE_integer("width", 64, "Hidden width of the proxy.")
-flags.DEFINE_integer("max_nodes", None, "Nodes available (default: the machine's).")
-flags.DEFINE_integer("max_gpus_per_node", None, "Learners per node available (default: the machine's).")
-flags.DEFINE_integer("max_sub_batch", None, "Largest sub-batch (default: the largest that fits, at most 4096).")
-flags.DEFINE_integer("dataset_size", None, "Samples per epoch on the cluster (default: the proxy's training set).")
-flags.DEFINE_float("minibatch_scale", None, "Cluster samples per proxy sample (default: dataset_size / the "
-                   "proxy's training examples).")
-flags.DEFINE_list("minibatch_range", None, "lo,hi of the mean mini-batch ladder in cluster samples "
-                  "(default: 8 and 256 proxy samples times the scale).")
-flags.DEFINE_integer("ladder", 5, "Mini-batch targets on the ladder.")
-flags.DEFINE_list("staleness_limits", ["2", "4", "8", "inf"], "Mean-staleness limits of the candidates.")
-flags.DEFINE_float("max_staleness", None, "Limit on the chosen configuration's mean staleness.")
-flags.DEFINE_float("tolerance", 0.05, "Relative band of SPRINT's rule around a mini-batch target.")
-flags.DEFINE_enum("lr_rule", "linear", ["linear", "lr_tau", "none"], "Learning rate: linear scaling with the "
-                  "mean mini-batch, the same divided by each gradient's staleness, or constant.")
-flags.DEFINE_float("base_lr", 0.05, "Proxy learning rate at --reference_batch proxy samples.")
-flags.DEFINE_float("reference_batch", 32.0, "Proxy mini-batch of --base_lr.")
-flags.DEFINE_float("momentum", 0.5, "Proxy SGD momentum (applied by the updater to the stale gradients; asynchrony adds "
-                   "momentum of its own, docs/planning.md).")
-flags.DEFINE_float("t_compute_cv", 0.05, "Coefficient of variation of the learners' compute time.")
-flags.DEFINE_integer("seeds", 4, "Seeds per emulated run (vmapped).")
-flags.DEFINE_integer("max_updates", 1500, "Updates per emulated run (a run that does not reach the target "
-                     "by then is censored).")
-flags.DEFINE_integer("eval_every", 25, "Updates between test evaluations.")
-flags.DEFINE_integer("budget_runs", 16, "Emulated runs at most (cached ones included).")
-flags.DEFINE_integer("initial_runs", 8, "Runs of the first, space-filling design.")
-flags.DEFINE_integer("search_starts", 8, "Starts of each gradient search.")
-flags.DEFINE_string("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "jaxsprint", "plan"),
-                    "Cache of emulated runs ('' keeps nothing).")
-flags.DEFINE_integer("holdout", 0, "After the plan, emulate this many held-out cells and report the law's error.")
-flags.DEFINE_list("runtime_configs", None, "Instead of a plan: learners:sub_batch:network_time_s,... run on the "
-                  "SPRINT runtime here (tiny_nobn on digits at 8x8) and compared with the law's leave-one-out "
-                  "prediction from emulated runs under each configuration's measured pmfs.")
-flags.DEFINE_integer("runtime_updates", 600, "With --runtime_configs: updates per runtime run.")
-flags.DEFINE_string("runtime_workdir", None, "With --runtime_configs: where the runtime writes its runs.")
-flags.DEFINE_bool("runtime_reuse", False, "With --runtime_configs: read a finished run of the same config from "
-                  "--runtime_workdir instead of running it again (to judge one set of runs at another target).")
-flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
-flags.DEFINE_string("plot", None, "Write a PNG: epoch time against predicted time to accuracy.")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs", "plan.py"),
+                                          "The plan's ml_collections config (experiments/configs/plan.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json and plan.json are written (optional for a "
+                               "plan); with config.runtime_configs, also where the runtime writes its runs.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
+_PLOT = flags.DEFINE_string("plot", None, "Write a PNG: epoch time against predicted time to accuracy.")
 
 
-def _floats(field: str, values: list[str] | None) -> list[float] | None:
-    if values is None:
-        return None
-    try:
-        return [float(v) for v in values]
-    except ValueError:
-        raise ConfigError(field, ",".join(values), "comma-separated numbers") from None
-
-
-def resolve() -> dict[str, Any]:
-    """Checks every flag (nothing is read or written before); then loads the machine, network and data."""
+def resolve(config) -> dict[str, Any]:
+    """Checks every field (nothing is read or written before); then loads the machine, network and data."""
     from jaxsprint.plan import emulator, planner
     from jaxsprint.perf import presets, zoo
     from jaxsprint.perf import space as spaces
 
-    if FLAGS.target_accuracy is None:
-        raise ConfigError("--target_accuracy", None, "a fraction in (0, 1]; the flag is required")
-    planner.check_target_accuracy(FLAGS.target_accuracy)
-    check(FLAGS.model in emulator.PROXY_MODELS, "--model", FLAGS.model,
+    if config.target_accuracy is None:
+        raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
+    planner.check_target_accuracy(config.target_accuracy)
+    check(config.model in emulator.PROXY_MODELS, "config.model", config.model,
           f"one of {', '.join(emulator.PROXY_MODELS)} (proxy networks)")
     from jaxsprint.train import data as data_lib
-    check(FLAGS.data in data_lib.BUILTIN or bool(FLAGS.data_dir), "--data", FLAGS.data,
-          f"one of {', '.join(data_lib.BUILTIN)}, or a TFDS dataset name with --data_dir")
-    limits = _floats("--staleness_limits", FLAGS.staleness_limits)
-    check(all(v > 1 for v in limits), "--staleness_limits", FLAGS.staleness_limits,
+    check(config.data in data_lib.BUILTIN or bool(config.data_dir), "config.data", config.data,
+          f"one of {', '.join(data_lib.BUILTIN)}, or a TFDS dataset name with config.data_dir")
+    limits = cli.float_list("config.staleness_limits", config.staleness_limits)
+    check(bool(limits) and all(v > 1 for v in limits), "config.staleness_limits", config.staleness_limits,
           "numbers > 1 or inf (the protocol's mean staleness always exceeds 1)")
-    mb_range = _floats("--minibatch_range", FLAGS.minibatch_range)
-    check(mb_range is None or len(mb_range) == 2, "--minibatch_range", FLAGS.minibatch_range, "two numbers lo,hi")
-    check(FLAGS.holdout >= 0, "--holdout", FLAGS.holdout, "an integer >= 0")
-    machine = presets.load_machine(FLAGS.machine, FLAGS.machine_file)
-    if not FLAGS.network:
-        raise ConfigError("--network", FLAGS.network, f"one of {', '.join(sorted(zoo.ZOO))}")
-    net = zoo.get(FLAGS.network)
-    data = emulator.load_proxy_data(FLAGS.data, data_dir=FLAGS.data_dir)
-    dataset_size = FLAGS.dataset_size or data.num_train
-    scale = FLAGS.minibatch_scale if FLAGS.minibatch_scale is not None else dataset_size / data.num_train
-    opts = planner.PlanOptions(
-        target_accuracy=FLAGS.target_accuracy, lr_rule=FLAGS.lr_rule, base_lr=FLAGS.base_lr,
-        reference_batch=FLAGS.reference_batch, minibatch_scale=scale, t_compute_cv=FLAGS.t_compute_cv,
-        tolerance=FLAGS.tolerance, budget_runs=FLAGS.budget_runs, initial_runs=min(FLAGS.initial_runs,
-                                                                                     FLAGS.budget_runs),
-        search_starts=FLAGS.search_starts)
-    opts.validate()
-    emulator = emulator.Emulator(data, FLAGS.model, seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
-                                    eval_every=FLAGS.eval_every, momentum=FLAGS.momentum, width=FLAGS.width)
-    space = spaces.make_space(net, machine, max_nodes=FLAGS.max_nodes, max_gpus_per_node=FLAGS.max_gpus_per_node,
-                              max_sub_batch=FLAGS.max_sub_batch, dataset_size=dataset_size)
+    mb_range = (None if config.minibatch_range is None
+                else cli.float_list("config.minibatch_range", config.minibatch_range))
+    check(mb_range is None or len(mb_range) == 2, "config.minibatch_range", config.minibatch_range,
+          "two numbers lo,hi")
+    check(config.holdout >= 0, "config.holdout", config.holdout, "an integer >= 0")
+    if config.max_staleness is not None:
+        check(math.isfinite(config.max_staleness) and config.max_staleness > 1, "config.max_staleness",
+              config.max_staleness, "a finite number > 1")
+    settings = planner.settings_from_config(config, minibatch_scale=config.minibatch_scale or 1.0)
+    if _WORKDIR.value:
+        cli.check_output_dir("--workdir", _WORKDIR.value)
+    if _PLOT.value:
+        cli.check_output_file("--plot", _PLOT.value)
+    with cli.as_config_fields():
+        machine = presets.load_machine(config.machine, config.machine_file)
+        if not config.network:
+            raise ConfigError("network", config.network, f"one of {', '.join(sorted(zoo.ZOO))}")
+        net = zoo.get(config.network)
+    data = emulator.load_proxy_data(config.data, data_dir=config.data_dir)
+    dataset_size = config.dataset_size or data.num_train
+    scale = config.minibatch_scale if config.minibatch_scale is not None else dataset_size / data.num_train
+    settings = planner.settings_from_config(config, minibatch_scale=scale)
+    em = emulator.Emulator(data, config.model, seeds=config.seeds, max_updates=config.max_updates,
+                           eval_every=config.eval_every, momentum=config.momentum, width=config.width)
+    space = spaces.make_space(net, machine, max_nodes=config.max_nodes, max_gpus_per_node=config.max_gpus_per_node,
+                              max_sub_batch=config.max_sub_batch, dataset_size=dataset_size)
     lo, hi = mb_range if mb_range is not None else (8.0 * scale, 256.0 * scale)
     from jaxsprint.plan import law as plan_lib
-    ladder = plan_lib.minibatch_ladder(lo, hi, FLAGS.ladder)
-    if FLAGS.max_staleness is not None:
-        check(math.isfinite(FLAGS.max_staleness) and FLAGS.max_staleness > 1, "--max_staleness",
-              FLAGS.max_staleness, "a finite number > 1")
-    return dict(space=space, emulator=emulator, opts=opts, ladder=ladder, limits=limits, scale=scale,
-                cache=emulator.RunCache(FLAGS.cache_dir or None))
+    ladder = plan_lib.minibatch_ladder(lo, hi, config.ladder)
+    return dict(space=space, emulator=em, opts=settings, ladder=ladder, limits=limits, scale=scale,
+                cache=emulator.RunCache(config.cache_dir or None))
 
 
 def _fmt(v, spec=".4g", none="-"):
@@ -176,7 +133,7 @@ def table(report: dict[str, Any], setup: dict[str, Any]) -> str:
         b = report["best_reached"]
         lines.append(f"no emulated run reached {report['target_accuracy']:g} within {em.max_updates} updates; the "
                      f"best reached {b['accuracy']:.4f} at {b['nodes']} x {b['gpus_per_node']} x {b['sub_batch']} "
-                     "(try a lower --target_accuracy, more --max_updates, another --lr_rule)")
+                     "(try a lower config.target_accuracy, more config.max_updates, another config.lr_rule)")
         return "\n".join(lines)
     f = report["fit"]
     lines.append(f"law: U = {f['s_min']:.4g} (1 + {f['b_noise']:.4g} / B) exp(a tau^p (B/{f['b_ref']:.4g})^delta), "
@@ -226,37 +183,39 @@ def plot(path: str, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def validate_runtime() -> dict[str, Any]:
-    """--runtime_configs: measured time to accuracy on the SPRINT runtime beside the law's prediction."""
+def validate_runtime(config) -> dict[str, Any]:
+    """config.runtime_configs: measured time to accuracy on the SPRINT runtime beside the law's prediction."""
     from experiments.configs import sprint as sprint_config
     from jaxsprint.plan import emulator, planner, validation
 
-    if FLAGS.target_accuracy is None:
-        raise ConfigError("--target_accuracy", None, "a fraction in (0, 1]; the flag is required")
-    target = planner.check_target_accuracy(FLAGS.target_accuracy)
-    configs = validation.parse_configs(FLAGS.runtime_configs)
-    check(bool(FLAGS.runtime_workdir), "--runtime_workdir", FLAGS.runtime_workdir, "a directory for the runs")
+    if config.target_accuracy is None:
+        raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
+    target = planner.check_target_accuracy(config.target_accuracy)
+    configs = validation.parse_configs(cli.text_list("config.runtime_configs", config.runtime_configs))
+    check(bool(_WORKDIR.value), "--workdir", _WORKDIR.value, "a directory for the runtime's runs")
+    cli.check_output_dir("--workdir", _WORKDIR.value)
     base = sprint_config.get_config()
-    with base.unlocked():  # --momentum is the runtime's too, so that both sides train the same optimizer
-        base.optimizer.momentum = float(FLAGS.momentum)
+    with base.unlocked():  # config.momentum is the runtime's too, so that both sides train the same optimizer
+        base.optimizer.momentum = float(config.momentum)
     data = emulator.load_proxy_data("digits")
-    em = emulator.Emulator(data, "tiny_nobn", seeds=FLAGS.seeds, max_updates=FLAGS.max_updates,
-                              eval_every=FLAGS.eval_every, momentum=float(base.optimizer.momentum),
-                              weight_decay=float(base.optimizer.weight_decay))
-    cache = emulator.RunCache(FLAGS.cache_dir or None)
+    em = emulator.Emulator(data, "tiny_nobn", seeds=config.seeds, max_updates=config.max_updates,
+                           eval_every=config.eval_every, momentum=float(base.optimizer.momentum),
+                           weight_decay=float(base.optimizer.weight_decay))
+    cache = emulator.RunCache(config.cache_dir or None)
+    cli.write_config(_WORKDIR.value, config)
     measured, cells = [], []
     for n, b, t in configs:
         cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
-                                          num_updates=FLAGS.runtime_updates, eval_every_updates=FLAGS.eval_every,
-                                          learning_rate=FLAGS.base_lr)
-        m = validation.measure(cfg, os.path.join(FLAGS.runtime_workdir, f"n{n}_b{b}_t{t:g}"), target,
-                                 reuse=FLAGS.runtime_reuse)
+                                        num_updates=config.runtime_updates, eval_every_updates=config.eval_every,
+                                        learning_rate=config.base_lr)
+        m = validation.measure(cfg, os.path.join(_WORKDIR.value, f"n{n}_b{b}_t{t:g}"), target,
+                               reuse=config.runtime_reuse)
         # Each emulated run at its own bucket (its result does not depend on it): carrying the largest one
         # over, as the planner does to share one compilation, made every later run several times slower.
-        spec = validation.emulated_spec(m, FLAGS.base_lr)
+        spec = validation.emulated_spec(m, config.base_lr)
         measured.append(m)
         cells.append(cache.run(em, spec))
-        if not FLAGS.json:
+        if not _JSON.value:
             print(f"  {n} learners, sub-batch {b}, network {t:g} s: staleness {m['mean_staleness']:.3g}, mini-batch "
                   f"{m['mean_minibatch']:.4g}, measured U {m['updates_to_target']}, time {m['time_to_accuracy_s']}",
                   flush=True)
@@ -268,36 +227,43 @@ def main(argv: list[str]) -> None:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
     from jaxsprint.plan import planner
 
-    if FLAGS.runtime_configs:
-        out = validate_runtime()
-        print(json.dumps(out, default=float) if FLAGS.json else json.dumps(out, indent=1, default=float))
+    config = _CONFIG.value
+    if config.runtime_configs:
+        out = validate_runtime(config)
+        print(json.dumps(out, default=float) if _JSON.value else json.dumps(out, indent=1, default=float))
         return
 
     t0 = time.time()
-    setup = resolve()
-    log = (lambda s: None) if FLAGS.json else (lambda s: print(s, flush=True))
+    setup = resolve(config)
+    log = (lambda s: None) if _JSON.value else (lambda s: print(s, flush=True))
     report = planner.run_plan(setup["space"], setup["emulator"], setup["cache"], setup["opts"],
                               minibatch_targets=setup["ladder"], staleness_limits=setup["limits"],
-                              max_staleness=FLAGS.max_staleness, log=log)
+                              max_staleness=config.max_staleness, log=log)
     fit = report.pop("_fit", None)
-    if FLAGS.holdout and fit is not None:
+    if config.holdout and fit is not None:
         lad = setup["ladder"]
         mids = [math.sqrt(a * b) for a, b in zip(lad[:-1], lad[1:])] or lad
         fitted = [(r["nodes"], r["gpus_per_node"], r["sub_batch"]) for r in report["candidates"]
                   if "emulated_best_accuracy" in r]
         report["holdout"] = planner.holdout(setup["space"], setup["emulator"], setup["cache"], setup["opts"], fit,
                                             fitted, minibatch_targets=mids,
-                                            staleness_limits=setup["limits"] + [3.0, 6.0], cells=FLAGS.holdout,
+                                            staleness_limits=setup["limits"] + [3.0, 6.0], cells=config.holdout,
                                             log=log)
     report["seconds"]["wall"] = time.time() - t0
-    if FLAGS.plot and report["reached"]:
-        plot(FLAGS.plot, report)
-    if FLAGS.json:
+    if _WORKDIR.value:
+        cli.write_config(_WORKDIR.value, config)
+        with open(os.path.join(_WORKDIR.value, "plan.json"), "w") as f:
+            json.dump(report, f, indent=1, default=float)
+    if _PLOT.value and report["reached"]:
+        plot(_PLOT.value, report)
+    if _JSON.value:
         print(json.dumps(report, default=float))
         return
     print(table(report, setup))
-    if FLAGS.plot and report["reached"]:
-        print(f"wrote {FLAGS.plot}")
+    if _PLOT.value and report["reached"]:
+        print(f"wrote {_PLOT.value}")
+    if _WORKDIR.value:
+        print(f"wrote {os.path.join(_WORKDIR.value, 'plan.json')} and config.json")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 r"""Validates the SPRINT model against the discrete-event simulator over random configurations.
 
-    .venv/bin/python experiments/validate_model.py            # about 2-3 minutes on 2 cores
-    .venv/bin/python experiments/validate_model.py --num_configs=40 --num_deterministic=10 \
-        --num_lognormal=0 --speed_configs=100000 --out_json= --plot=   # quick look, ~1 minute
+    .venv/bin/python experiments/validate_model.py \
+        --config=experiments/configs/validate_model.py     # about 2-3 minutes on 2 cores
+    .venv/bin/python experiments/validate_model.py --config.num_configs=40 --config.num_deterministic=10 \
+        --config.num_lognormal=0 --config.speed_configs=100000 --out_json= --plot=   # quick look, ~1 minute
+
+The experiment's settings are the config file's (the default of ``--config``); the flags name outputs only.
 
 Draws configurations (workers 1-4,096 and T_u / T_c 0.01-100 log-uniform, cv uniform on
 [0.005, 0.5], sub-batch 1-256 log-uniform, T_c 0.01-1 s), runs the model
@@ -15,7 +18,8 @@ prints, separately for cv = 0, cv > 0 (gamma jitter, the model's family) and log
 * relative error of the epoch time.
 
 It also measures speed: configurations per second of one jitted, vmapped model call (summary
-statistics; pmfs) and of the simulator. Writes a JSON of the results and a PNG plot.
+statistics; pmfs) and of the simulator. Writes a JSON of the results (with the resolved config under
+``"config"``) and a PNG plot.
 """
 from __future__ import annotations
 
@@ -31,23 +35,19 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import check  # noqa: E402
 from jaxsprint.perf import machines, simulate, sprint, zoo  # noqa: E402
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_configs", 500, "Random configurations with gamma jitter (cv > 0).")
-flags.DEFINE_integer("num_deterministic", 200, "Random configurations with cv = 0.")
-flags.DEFINE_integer("num_lognormal", 100, "Random configurations with lognormal jitter (robustness).")
-flags.DEFINE_integer("seed", 0, "Seed of the configuration draw and of the simulator.")
-flags.DEFINE_float("event_budget", 3e6, "Simulated gradients per configuration (at most, roughly).")
-flags.DEFINE_integer("min_cycles", 20_000, "Updater cycles simulated when the budget allows.")
-flags.DEFINE_integer("min_gradients", 200_000, "Gradients simulated when the budget allows.")
-flags.DEFINE_integer("speed_configs", 1_000_000, "Configurations of the vmapped speed test.")
-flags.DEFINE_string("out_json", "docs/perf-validation.json", "Summary (empty: do not write).")
-flags.DEFINE_string("rows_json", "", "Per-configuration results (empty: do not write).")
-flags.DEFINE_string("plot", "docs/perf-validation.png", "Plot (empty: do not write).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "validate_model.py"),
+    "The validation's ml_collections config (experiments/configs/validate_model.py).", lock_config=True)
+_OUT_JSON = flags.DEFINE_string("out_json", "docs/perf-validation.json", "Summary and config (empty: do not write).")
+_ROWS_JSON = flags.DEFINE_string("rows_json", "", "Per-configuration results (empty: do not write).")
+_PLOT = flags.DEFINE_string("plot", "docs/perf-validation.png", "Plot (empty: do not write).")
+_OUTPUTS = {"out_json": _OUT_JSON, "rows_json": _ROWS_JSON, "plot": _PLOT}
 
 DATASET = sprint.IMAGENET_TRAIN_IMAGES
 MAX_BINS = 32
@@ -70,9 +70,10 @@ def draw(rng: np.random.Generator, n: int, mode: str) -> list[dict]:
 def sim_cycles(workers: int, ratio: float) -> int:
     """Cycles to simulate: enough cycles and gradients for the histograms, within the budget."""
     per_cycle = workers * ratio
-    cycles = max(FLAGS.min_cycles, FLAGS.min_gradients / per_cycle)
-    if per_cycle * cycles > FLAGS.event_budget:
-        cycles = max(FLAGS.event_budget / per_cycle, 200)
+    c = _CONFIG.value
+    cycles = max(c.min_cycles, c.min_gradients / per_cycle)
+    if per_cycle * cycles > c.event_budget:
+        cycles = max(c.event_budget / per_cycle, 200)
     return int(cycles)
 
 
@@ -196,7 +197,7 @@ def print_table(title: str, s: dict, n: int) -> None:
 
 def speed() -> dict[str, float]:
     """Configurations per second of jitted, vmapped model calls."""
-    n = FLAGS.speed_configs
+    n = _CONFIG.value.speed_configs
     rng = np.random.default_rng(0)
     net, m = zoo.get("resnet50"), machines.get("tsubame_kfc_dl")
     nodes = jnp.asarray(rng.integers(1, 65, n), jnp.float32)
@@ -258,50 +259,54 @@ def plot(path: str, groups: dict[str, list[dict]]) -> None:
 
 
 # Upper bounds of the counts: each configuration is simulated (seconds each), and the speed test holds a few
-# float32 arrays of --speed_configs entries (10^8: a few GB).
+# float32 arrays of config.speed_configs entries (10^8: a few GB).
 MAX_CONFIGS = 100_000
 MAX_SPEED_CONFIGS = 100_000_000
 
 
-def check_flags() -> None:
+def check_config(c) -> None:
     """Counts, budgets, the seed and the output paths must be usable before anything runs."""
+    for name in ("num_configs", "num_deterministic", "num_lognormal", "speed_configs", "min_cycles",
+                 "min_gradients", "seed"):
+        check(isinstance(c[name], int) and not isinstance(c[name], bool), f"config.{name}", c[name], "an integer")
     for name in ("num_configs", "num_deterministic", "num_lognormal"):
-        check(0 <= FLAGS[name].value <= MAX_CONFIGS, f"--{name}", FLAGS[name].value,
+        check(0 <= c[name] <= MAX_CONFIGS, f"config.{name}", c[name],
               f"an integer in [0, {MAX_CONFIGS:,}] (random configurations, each simulated)")
-    check(FLAGS.num_configs + FLAGS.num_deterministic + FLAGS.num_lognormal > 0, "--num_configs",
-          FLAGS.num_configs, "configurations to validate: --num_configs, --num_deterministic or --num_lognormal > 0")
-    check(0 <= FLAGS.speed_configs <= MAX_SPEED_CONFIGS, "--speed_configs", FLAGS.speed_configs,
+    check(c.num_configs + c.num_deterministic + c.num_lognormal > 0, "config.num_configs", c.num_configs,
+          "configurations to validate: config.num_configs, num_deterministic or num_lognormal > 0")
+    check(0 <= c.speed_configs <= MAX_SPEED_CONFIGS, "config.speed_configs", c.speed_configs,
           f"an integer in [0, {MAX_SPEED_CONFIGS:,}] (0: no speed test)")
     for name in ("min_cycles", "min_gradients"):
-        check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
-    check(math.isfinite(FLAGS.event_budget) and FLAGS.event_budget > 0, "--event_budget", FLAGS.event_budget,
-          "a finite number > 0")
-    check(0 <= FLAGS.seed < 2**31, "--seed", FLAGS.seed, "an integer in [0, 2^31)")
-    for name in ("out_json", "rows_json", "plot"):
-        if FLAGS[name].value:
-            cli.check_output_file(f"--{name}", FLAGS[name].value)
+        check(c[name] >= 1, f"config.{name}", c[name], "an integer >= 1")
+    check(isinstance(c.event_budget, (int, float)) and math.isfinite(c.event_budget) and c.event_budget > 0,
+          "config.event_budget", c.event_budget, "a finite number > 0")
+    check(0 <= c.seed < 2**31, "config.seed", c.seed, "an integer in [0, 2^31)")
+    for name, flag in _OUTPUTS.items():
+        if flag.value:
+            cli.check_output_file(f"--{name}", flag.value)
 
 
 def main(argv):
     check(len(argv) == 1, "arguments", argv[1:], "none besides --flags")
-    check_flags()
-    rng = np.random.default_rng(FLAGS.seed)
-    groups_cfg = {"cv = 0": draw(rng, FLAGS.num_deterministic, "deterministic"),
-                  "cv > 0": draw(rng, FLAGS.num_configs, "gamma"),
-                  "lognormal cv > 0": draw(rng, FLAGS.num_lognormal, "lognormal")}
+    c = _CONFIG.value
+    check_config(c)
+    rng = np.random.default_rng(c.seed)
+    groups_cfg = {"cv = 0": draw(rng, c.num_deterministic, "deterministic"),
+                  "cv > 0": draw(rng, c.num_configs, "gamma"),
+                  "lognormal cv > 0": draw(rng, c.num_lognormal, "lognormal")}
     groups, summaries, timing = {}, {}, {}
     for k, (name, cfgs) in enumerate(groups_cfg.items()):
         if not cfgs:
             continue
         print(f"{name}: {len(cfgs)} configurations", flush=True)
-        rows, t_model, t_sim, win = evaluate(cfgs, FLAGS.seed + 100_000 * k)
+        rows, t_model, t_sim, win = evaluate(cfgs, c.seed + 100_000 * k)
         groups[name], summaries[name] = rows, summarize(rows)
         timing[name] = dict(model_pmfs_s=t_model, simulator_s=t_sim, windows=win,
                             model_pmf_configs_per_s=len(cfgs) / t_model,
                             simulator_configs_per_s=len(cfgs) / t_sim)
         print_table(name, summaries[name], len(rows))
     print(f"\nspeed (jax {jax.__version__}, {jax.default_backend()} backend)")
-    sp = speed() if FLAGS.speed_configs else {}
+    sp = speed() if c.speed_configs else {}
     for k, v in sp.items():
         print(f"  {k:40s} {v:14,.0f}")
     for name, t in timing.items():
@@ -311,22 +316,19 @@ def main(argv):
             print(f"    speed-up of the model over the simulator: summary statistics "
                   f"{sp['timings_summary_configs_per_s'] / t['simulator_configs_per_s']:,.0f}x, "
                   f"pmfs {t['model_pmf_configs_per_s'] / t['simulator_configs_per_s']:,.0f}x")
-    if FLAGS.out_json:
-        os.makedirs(os.path.dirname(FLAGS.out_json) or ".", exist_ok=True)
-        with open(FLAGS.out_json, "w") as f:
-            json.dump(dict(summary=summaries, speed=sp, timing=timing,
-                           flags={k: FLAGS[k].value for k in ("num_configs", "num_deterministic",
-                                                              "num_lognormal", "seed", "event_budget",
-                                                              "min_cycles", "min_gradients")},
-                           ), f, indent=1, default=float)
-        print(f"wrote {FLAGS.out_json}")
-    if FLAGS.rows_json:
-        with open(FLAGS.rows_json, "w") as f:
+    if _OUT_JSON.value:
+        os.makedirs(os.path.dirname(_OUT_JSON.value) or ".", exist_ok=True)
+        with open(_OUT_JSON.value, "w") as f:
+            json.dump(dict(summary=summaries, speed=sp, timing=timing, config=json.loads(c.to_json_best_effort())),
+                      f, indent=1, default=float)
+        print(f"wrote {_OUT_JSON.value}")
+    if _ROWS_JSON.value:
+        with open(_ROWS_JSON.value, "w") as f:
             json.dump(groups, f, default=float)
-        print(f"wrote {FLAGS.rows_json}")
-    if FLAGS.plot and "cv > 0" in groups:
-        plot(FLAGS.plot, groups)
-        print(f"wrote {FLAGS.plot}")
+        print(f"wrote {_ROWS_JSON.value}")
+    if _PLOT.value and "cv > 0" in groups:
+        plot(_PLOT.value, groups)
+        print(f"wrote {_PLOT.value}")
 
 
 if __name__ == "__main__":

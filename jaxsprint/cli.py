@@ -8,7 +8,9 @@ before it computes or writes anything.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
 import re
 import sys
@@ -18,7 +20,8 @@ from absl import app, flags
 
 from jaxsprint.errors import ConfigError, JaxsprintError
 
-__all__ = ["check_output_dir", "check_output_file", "fail", "guarded", "parse_flags", "run"]
+__all__ = ["as_config_fields", "check_output_dir", "check_output_file", "fail", "float_list", "guarded",
+           "parse_flags", "run", "text_list", "write_config"]
 
 
 def _flag_value(argv: Sequence[str], name: str) -> str | None:
@@ -71,9 +74,12 @@ def _check_config_flags(argv: Sequence[str]) -> None:
         if name != flag.name or not cf.is_config_flag(flag):
             continue
         path = _flag_value(argv, name)
-        if path is None:
-            continue
-        config = _load_config_file(name, path, flag.parser)
+        if path is None:  # the flag's default file (loaded when the flag was defined), if it has one
+            if flag.default is None:
+                continue
+            config, path = flag.default, str(flag.default_as_str).strip("'\"")
+        else:
+            config = _load_config_file(name, path, flag.parser)
         pattern = re.compile(rf"^--?(?:no)?{re.escape(name)}\.([^=]+)(?:=(.*))?$")
         for arg in argv:
             m = pattern.match(arg)
@@ -170,6 +176,63 @@ def check_output_file(field: str, path: str) -> None:
         raise ConfigError(field, path, f"a file whose directory exists or can be created ({why})") from None
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ConfigError(field, path, "a file that can be written (it is read-only)")
+
+
+def text_list(field: str, value) -> list[str]:
+    """The items of a config field that holds a list: a tuple or list of values, where any text item may itself
+    be comma-separated (``--config.limits=2,8,inf`` arrives as the one-item tuple ``("2,8,inf",)``).
+
+    Raises:
+      ConfigError: named `field`, for a value that is neither text nor a tuple or list.
+    """
+    if value is None:
+        return []
+    items = [value] if isinstance(value, (str, int, float)) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(field, value, "a tuple of values (or comma-separated text)")
+    out: list[str] = []
+    for item in items:
+        out += [part.strip() for part in item.split(",") if part.strip()] if isinstance(item, str) else [item]
+    return out
+
+
+def float_list(field: str, value) -> list[float]:
+    """:func:`text_list` as numbers (``inf`` allowed). Raises ConfigError named `field` for any other item."""
+    items = text_list(field, value)
+    try:
+        if any(isinstance(v, bool) for v in items):
+            raise ValueError("booleans are not numbers")
+        return [float(v) for v in items]
+    except (TypeError, ValueError):
+        raise ConfigError(field, value, "numbers (a tuple, or comma-separated text such as 2,8,inf)") from None
+
+
+@contextlib.contextmanager
+def as_config_fields(prefix: str = "config."):
+    """Re-raises a `ConfigError` or `DataError` from a library call with `prefix` before its field, so that a
+    launcher's message names the config field (``config.machine``) the value came from."""
+    from jaxsprint.errors import DataError
+
+    try:
+        yield
+    except (ConfigError, DataError) as e:
+        if e.field.startswith(prefix) or e.field.startswith("--"):
+            raise
+        raise type(e)(prefix + e.field, e.value, e.allowed) from None
+
+
+def write_config(directory: str, config, name: str = "config.json", **extra) -> str:
+    """Writes the resolved `config` (an ml_collections ConfigDict), and any `extra` launcher settings under
+    ``"launcher"``, as JSON to ``directory/name``; returns the path. Every run keeps what produced it."""
+    os.makedirs(directory, exist_ok=True)
+    data = json.loads(config.to_json_best_effort())
+    if extra:
+        data = {**data, "launcher": extra}
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return path
 
 
 def guarded(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:

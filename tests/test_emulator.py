@@ -72,14 +72,14 @@ def test_make_spec_learning_rate_rules():
     assert cv.make_spec(stale, count, lr_rule="lr_tau", **kw).mitigation == "staleness_lr"
     assert cv.make_spec(stale, count, lr_rule="none", **{**kw, "sub_batch": 64}).learning_rate == pytest.approx(0.1)
     assert cv.make_spec(stale, count, lr_rule="linear", **{**kw, "sub_batch": 64}).learning_rate == pytest.approx(0.4)
-    with pytest.raises(ConfigError, match="--lr_rule"):
+    with pytest.raises(ConfigError, match="config.lr_rule"):
         cv.make_spec(stale, count, lr_rule="cosine", **kw)
 
 
 def test_unknown_proxy_model_and_bad_sizes():
-    with pytest.raises(ConfigError, match="--model"):
+    with pytest.raises(ConfigError, match="config.model"):
         cv.Emulator(_data(), "resnet152")
-    with pytest.raises(ConfigError, match="--seeds"):
+    with pytest.raises(ConfigError, match="config.seeds"):
         cv.Emulator(_data(), "mlp", seeds=0)
 
 

@@ -4,77 +4,85 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = ["--machine=tsubame_kfc_dl", "--network=resnet8", "--max_nodes=16", "--max_sub_batch=32"]
+CONFIG = os.path.join(ROOT, "experiments", "configs", "plan.py")
+BASE = [f"--config={CONFIG}", "--config.machine=tsubame_kfc_dl", "--config.network=resnet8",
+        "--config.max_nodes=16", "--config.max_sub_batch=32"]
 
 
 def _run(args, cache, timeout=600):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "experiments/plan.py", *BASE, f"--cache_dir={cache}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "experiments/plan.py", *BASE, f"--config.cache_dir={cache}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-_DRIVER = textwrap.dedent("""
-    import contextlib, io, json, sys
-    sys.argv = ["plan.py"]
-    sys.path.insert(0, "experiments")
-    import plan as launcher
-    from jaxsprint import cli
-    results = []
-    for args in json.loads(sys.stdin.read()):
-        launcher.FLAGS.unparse_flags()
-        err, out = io.StringIO(), io.StringIO()
-        code = 0
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                cli.guarded(launcher.main)(cli.parse_flags(["plan.py", *args]))
-            except SystemExit as e:
-                code = e.code
-        results.append([code, out.getvalue(), err.getvalue()])
-    print(json.dumps(results))
-""")
-
+_T = "--config.target_accuracy=0.9"
 BAD = [
-    (["--target_accuracy=0"], "--target_accuracy"),
-    (["--target_accuracy=1.2"], "--target_accuracy"),
-    (["--target_accuracy=nan"], "--target_accuracy"),
-    ([], "--target_accuracy"),
-    (["--target_accuracy=0.9", "--data=no_such_data"], "--data"),
-    (["--target_accuracy=0.9", "--model=resnet999"], "--model"),
-    (["--target_accuracy=0.9", "--staleness_limits=0.5"], "--staleness_limits"),
-    (["--target_accuracy=0.9", "--minibatch_range=64,8"], "--minibatch_range"),
-    (["--target_accuracy=0.9", "--budget_runs=0"], "--budget_runs"),
-    (["--target_accuracy=0.9", "--lr_rule=cosine"], "lr_rule"),
+    (["--config.target_accuracy=0"], "config.target_accuracy"),
+    (["--config.target_accuracy=1.2"], "config.target_accuracy"),
+    (["--config.target_accuracy=nan"], "config.target_accuracy"),
+    ([], "config.target_accuracy"),
+    ([_T, "--config.data=no_such_data"], "config.data"),
+    ([_T, "--config.model=resnet999"], "config.model"),
+    ([_T, "--config.staleness_limits=0.5"], "config.staleness_limits"),
+    ([_T, "--config.staleness_limits=2,x"], "config.staleness_limits"),
+    ([_T, "--config.minibatch_range=64,8"], "config.minibatch_range"),
+    ([_T, "--config.minibatch_range=8,16,32"], "config.minibatch_range"),
+    ([_T, "--config.budget_runs=0"], "config.budget_runs"),
+    ([_T, "--config.lr_rule=cosine"], "config.lr_rule"),
+    ([_T, "--config.seeds=0"], "config.seeds"),
+    ([_T, "--config.momentum=1.0"], "config.momentum"),
+    ([_T, "--config.tolerance=0"], "config.tolerance"),
+    ([_T, "--config.machine=no_such_machine"], "config.machine"),
+    ([_T, "--config.network=nope"], "config.network"),
+    ([_T, "--config.no_such_field=1"], "config.no_such_field"),
+    ([_T, "--config.seeds=two"], "config.seeds"),
+    ([_T, "--workdir=afile"], "--workdir"),
+    ([_T, "--config.runtime_configs=4:16:0.01", "--workdir=w"], "config.runtime_configs"),
+    ([_T, "--config.runtime_configs=4:16:0.01,2:8:0"], "--workdir"),
 ]
 
 
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
-    """Every case in one child process (absl flags are process-global), as jaxsprint.cli.run would run it."""
+    """Every case in one child process (tests/bad_input_driver.py: absl flags reset between cases, as
+    jaxsprint.cli.run would run each), in a scratch directory that must not change."""
     cache = tmp_path / "cache"
-    cases = [[*BASE, f"--cache_dir={cache}", *args] for args, _ in BAD]
-    r = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(cases), capture_output=True, text=True,
-                       cwd=ROOT, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "afile").write_text("a file, not a directory")
+    cases = [{"id": str(i), "argv": [*BASE, f"--config.cache_dir={cache}", *args]} for i, (args, _) in enumerate(BAD)]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "bad_input_driver.py"),
+                        os.path.join(ROOT, "experiments", "plan.py"), str(tmp_path / "cases.json"),
+                        str(tmp_path / "out.json")], capture_output=True, text=True, cwd=work, timeout=300,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
-    for (args, field), (code, _, err) in zip(BAD, json.loads(r.stdout.strip().splitlines()[-1])):
-        assert code == 2, (args, err)
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], (args, err)
+    for (args, field), res in zip(BAD, json.loads((tmp_path / "out.json").read_text())):
+        assert res["code"] == 2, (args, res["stderr"])
+        lines = res["stderr"].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: invalid") and field in lines[0], (args, res["stderr"])
+        assert res["changed"] == [], (args, res["changed"])
     assert not cache.exists()
 
 
 @pytest.mark.slow
 def test_a_tiny_plan_then_the_same_plan_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
-    args = ["--target_accuracy=0.8", "--minibatch_range=16,64", "--ladder=2", "--staleness_limits=inf",
-            "--budget_runs=2", "--initial_runs=2", "--seeds=1", "--max_updates=100", "--eval_every=25",
-            "--search_starts=2", "--json", f"--plot={tmp_path / 'plan.png'}"]
-    r = _run(args, cache)
+    c = "--config."
+    args = [c + "target_accuracy=0.8", c + "minibatch_range=16,64", c + "ladder=2", c + "staleness_limits=inf",
+            c + "budget_runs=2", c + "initial_runs=2", c + "seeds=1", c + "max_updates=100", c + "eval_every=25",
+            c + "search_starts=2", "--json", f"--plot={tmp_path / 'plan.png'}"]
+    r = _run(args + [f"--workdir={tmp_path / 'work'}"], cache)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
+    # The run keeps its resolved config and its report beside each other.
+    written = json.loads((tmp_path / "work" / "config.json").read_text())
+    assert written["target_accuracy"] == 0.8 and written["seeds"] == 1 and written["max_updates"] == 100
+    assert written["minibatch_range"] == [16, 64] and written["machine"] == "tsubame_kfc_dl"
+    assert json.loads((tmp_path / "work" / "plan.json").read_text())["runs"] == out["runs"]
     assert out["runs"]["trained"] == out["runs"]["used"] >= 1
     if out["reached"]:
         assert out["chosen"]["predicted_time_to_accuracy_s"] > 0
@@ -83,7 +91,8 @@ def test_a_tiny_plan_then_the_same_plan_from_the_cache(tmp_path):
         assert 0.0 <= out["best_reached"]["accuracy"] < 0.8
     again = json.loads(_run(args, cache).stdout)
     assert again["runs"]["trained"] == 0 and again["runs"]["cached"] == out["runs"]["used"]
-    unreachable = _run([a if not a.startswith("--target_accuracy") else "--target_accuracy=1.0" for a in args], cache)
+    unreachable = _run([a if not a.startswith(c + "target_accuracy") else c + "target_accuracy=1.0" for a in args],
+                       cache)
     assert unreachable.returncode == 0, unreachable.stderr[-3000:]
     u = json.loads(unreachable.stdout)
     assert u["runs"]["trained"] == 0  # the same runs, read back: the target is not part of a run's key

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from experiments.configs import plan as plan_config
 from jaxsprint.plan import emulator, planner
 from jaxsprint.errors import ConfigError
 from jaxsprint.perf import machines, zoo
@@ -39,7 +40,15 @@ def space():
     return spaces.make_space(zoo.get("resnet8"), machines.get("tsubame_kfc_dl"), max_nodes=16, max_sub_batch=32)
 
 
-OPTS = planner.PlanOptions(target_accuracy=TARGET, budget_runs=6, initial_runs=4, search_starts=4)
+def _settings(**overrides):
+    """The planner's settings of the shipped plan config with `overrides` (as --config.<field>=... would)."""
+    config = plan_config.get_config()
+    with config.unlocked():
+        config.update(overrides)
+    return planner.settings_from_config(config)
+
+
+OPTS = _settings(target_accuracy=TARGET, budget_runs=6, initial_runs=4, search_starts=4)
 
 
 @pytest.mark.slow  # about 20 s on a quiet 2-core machine: searches, pmfs and fits compile
@@ -87,15 +96,29 @@ def test_a_target_no_run_reaches_gives_the_best_reached(space):
 
 @pytest.mark.parametrize("value", [0.0, -0.5, 1.5, math.nan, "high"])
 def test_target_accuracy_outside_zero_one(value):
-    with pytest.raises(ConfigError, match="--target_accuracy"):
+    with pytest.raises(ConfigError, match="config.target_accuracy"):
         planner.check_target_accuracy(value)
     assert planner.check_target_accuracy(1.0) == 1.0
 
 
 def test_no_candidate_meets_the_ladder(space):
-    with pytest.raises(ConfigError, match="--minibatch_range"):
+    with pytest.raises(ConfigError, match="config.minibatch_range"):
         planner.run_plan(space, LawEmulator(), emulator.RunCache(None), OPTS, minibatch_targets=[1e7],
                          staleness_limits=[math.inf])
+
+
+def test_settings_come_from_the_config_and_name_its_fields():
+    s = _settings(target_accuracy=0.9)
+    c = plan_config.get_config()
+    assert (s.lr_rule, s.base_lr, s.budget_runs, s.initial_runs, s.tolerance) == (
+        c.lr_rule, c.base_lr, c.budget_runs, c.initial_runs, c.tolerance)
+    assert _settings(target_accuracy=0.9, budget_runs=3).initial_runs == 3  # the first design fits the budget
+    assert _settings(target_accuracy=0.9, minibatch_scale=None).minibatch_scale == 1.0
+    assert planner.settings_from_config(c, target_accuracy=0.9, minibatch_scale=7.5).minibatch_scale == 7.5
+    for field, value in [("target_accuracy", None), ("lr_rule", "cosine"), ("base_lr", 0.0), ("tolerance", 1.0),
+                         ("budget_runs", 0), ("search_starts", True), ("t_compute_cv", 3.0)]:
+        with pytest.raises(ConfigError, match=rf"invalid config\.{field}="):
+            _settings(**{"target_accuracy": 0.9, field: value})
 
 
 def test_spread_design_takes_the_corners_first():

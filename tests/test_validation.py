@@ -14,7 +14,7 @@ TRUE = np.array([math.log(60.0), math.log(1.0), math.log(0.02), math.log(2.0), 1
 def test_parse_configs():
     assert validation.parse_configs(["4:16:0.01", "1:8:0"]) == [(4, 16, 0.01), (1, 8, 0.0)]
     for bad in (["4:16"], ["0:16:0", "1:1:0"], ["4:16:-1", "1:1:0"], ["4:16:0"]):
-        with pytest.raises(ConfigError, match="--runtime_configs"):
+        with pytest.raises(ConfigError, match="config.runtime_configs"):
             validation.parse_configs(bad)
 
 

@@ -115,8 +115,9 @@ def load_proxy_data(name: str, *, image_size: int = 8, data_dir: str | None = No
       ConfigError: an unknown dataset, a TFDS dataset without ``data_dir``, a bad ``image_size``.
       DataError: a dataset that cannot be read.
     """
-    check(isinstance(image_size, int) and 4 <= image_size <= 32, "--image_size", image_size, "an integer in 4..32")
-    check(isinstance(name, str) and bool(name), "--data", name, f"one of {', '.join(data_lib.BUILTIN)} or a "
+    check(isinstance(image_size, int) and 4 <= image_size <= 32, "config.image_size", image_size,
+          "an integer in 4..32")
+    check(isinstance(name, str) and bool(name), "config.data", name, f"one of {', '.join(data_lib.BUILTIN)} or a "
           "TFDS dataset name")
     if name in data_lib.BUILTIN:
         ds = data_lib.load_builtin(name, 8 if name == data_lib.DIGITS else 28)
@@ -249,8 +250,9 @@ def make_spec(staleness_pmf: np.ndarray, count_pmf: np.ndarray, *, sub_batch: in
     Raises:
       ConfigError: an unknown rule, a non-positive learning rate, scale or reference batch.
     """
-    check(lr_rule in LR_RULES, "--lr_rule", lr_rule, f"one of {', '.join(LR_RULES)}")
-    for field, v in (("--base_lr", base_lr), ("--minibatch_scale", scale), ("--reference_batch", reference_batch)):
+    check(lr_rule in LR_RULES, "config.lr_rule", lr_rule, f"one of {', '.join(LR_RULES)}")
+    for field, v in (("config.base_lr", base_lr), ("config.minibatch_scale", scale),
+                     ("config.reference_batch", reference_batch)):
         check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, field, v, "a finite number > 0")
     s = np.zeros(MAX_STALENESS + 1)
     cp = np.asarray(count_pmf, np.float64)
@@ -335,12 +337,12 @@ class Emulator:
     def __init__(self, data: ProxyData, model: str = "mlp", *, seeds: int = 4, max_updates: int = 1500,
                  eval_every: int = 25, momentum: float = 0.9, weight_decay: float = 0.0, width: int = 64,
                  min_bucket: int = 1):
-        check(model in PROXY_MODELS, "--model", model, f"one of {', '.join(PROXY_MODELS)} (proxy networks)")
-        for field, v, lo in (("--seeds", seeds, 1), ("--max_updates", max_updates, 1),
-                             ("--eval_every", eval_every, 1), ("--width", width, 1)):
+        check(model in PROXY_MODELS, "config.model", model, f"one of {', '.join(PROXY_MODELS)} (proxy networks)")
+        for field, v, lo in (("config.seeds", seeds, 1), ("config.max_updates", max_updates, 1),
+                             ("config.eval_every", eval_every, 1), ("config.width", width, 1)):
             check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, field, v, f"an integer >= {lo}")
-        check(0.0 <= momentum < 1.0, "--momentum", momentum, "a number in [0, 1)")
-        check(weight_decay >= 0.0 and math.isfinite(weight_decay), "--weight_decay", weight_decay,
+        check(0.0 <= momentum < 1.0, "config.momentum", momentum, "a number in [0, 1)")
+        check(weight_decay >= 0.0 and math.isfinite(weight_decay), "config.weight_decay", weight_decay,
               "a finite number >= 0")
         self.data, self.model, self.seeds = data, model, seeds
         self.eval_every = eval_every

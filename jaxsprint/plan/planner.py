@@ -31,33 +31,34 @@ from jaxsprint.plan import law as plan_lib
 from jaxsprint.perf import search, sprint
 from jaxsprint.perf import space as spaces
 
-__all__ = ["Cell", "PlanOptions", "cell_from_result", "candidate_spec", "check_target_accuracy", "holdout",
-           "run_plan", "spread_design"]
+__all__ = ["Cell", "PlanSettings", "cell_from_result", "candidate_spec", "check_target_accuracy", "holdout",
+           "run_plan", "settings_from_config", "spread_design"]
 
 
 def check_target_accuracy(value: Any) -> float:
-    """``float(value)`` when in ``(0, 1]``, else a :class:`ConfigError` naming ``--target_accuracy``."""
+    """``float(value)`` when in ``(0, 1]``, else a :class:`ConfigError` naming ``config.target_accuracy``."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         v = math.nan
     if not 0.0 < v <= 1.0:  # NaN fails too
-        raise ConfigError("--target_accuracy", value, "a fraction in (0, 1], e.g. 0.95")
+        raise ConfigError("config.target_accuracy", value, "a fraction in (0, 1], e.g. 0.95")
     return v
 
 
 @dataclasses.dataclass(frozen=True)
-class PlanOptions:
-    """Settings of a plan (the launcher's flags).
+class PlanSettings:
+    """The planner's part of a plan config (``experiments/configs/plan.py``), typed; built by
+    :func:`settings_from_config`. Every field has the name and meaning of the config field.
 
     Attributes:
       target_accuracy: Test accuracy to reach, in (0, 1].
       lr_rule, base_lr, reference_batch: The proxy's learning rate (:func:`jaxsprint.plan.emulator.make_spec`).
-      minibatch_scale: Cluster samples per proxy sample.
+      minibatch_scale: Cluster samples per proxy sample (resolved: the config's, or derived from the data).
       t_compute_cv: Coefficient of variation of the learners' compute time (the pmfs' jitter).
       tolerance: Relative band of SPRINT's rule around each mini-batch target.
       budget_runs: Emulated runs at most (cached runs count as well: they are fitted too).
-      initial_runs: Runs of the space-filling first design.
+      initial_runs: Runs of the space-filling first design (at most budget_runs).
       runs_per_round: Runs added per round where the fit is least certain.
       search_starts: Starts of each gradient search.
     """
@@ -75,19 +76,41 @@ class PlanOptions:
     search_starts: int = 8
 
     def validate(self) -> None:
-        """Raises :class:`ConfigError` naming the flag of the first bad field."""
+        """Raises :class:`ConfigError` naming the config field of the first bad value."""
         check_target_accuracy(self.target_accuracy)
-        check(self.lr_rule in emulator.LR_RULES, "--lr_rule", self.lr_rule,
+        check(self.lr_rule in emulator.LR_RULES, "config.lr_rule", self.lr_rule,
               f"one of {', '.join(emulator.LR_RULES)}")
-        for field, v in (("--base_lr", self.base_lr), ("--reference_batch", self.reference_batch),
-                         ("--minibatch_scale", self.minibatch_scale)):
-            check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, field, v, "a finite number > 0")
-        check(isinstance(self.t_compute_cv, (int, float)) and 0.0 <= self.t_compute_cv <= 2.0, "--t_compute_cv",
-              self.t_compute_cv, "a number in [0, 2]")
-        check(0.0 < self.tolerance < 1.0, "--tolerance", self.tolerance, "a number > 0 and < 1")
-        for field, v in (("--budget_runs", self.budget_runs), ("--initial_runs", self.initial_runs),
-                         ("--runs_per_round", self.runs_per_round), ("--search_starts", self.search_starts)):
-            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, field, v, "an integer >= 1")
+        for field in ("base_lr", "reference_batch", "minibatch_scale"):
+            v = getattr(self, field)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+                  f"config.{field}", v, "a finite number > 0")
+        check(isinstance(self.t_compute_cv, (int, float)) and 0.0 <= self.t_compute_cv <= 2.0,
+              "config.t_compute_cv", self.t_compute_cv, "a number in [0, 2]")
+        check(isinstance(self.tolerance, (int, float)) and 0.0 < self.tolerance < 1.0, "config.tolerance",
+              self.tolerance, "a number > 0 and < 1")
+        for field in ("budget_runs", "initial_runs", "runs_per_round", "search_starts"):
+            v = getattr(self, field)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"config.{field}", v, "an integer >= 1")
+
+
+def settings_from_config(config: Any, **resolved: Any) -> PlanSettings:
+    """The validated :class:`PlanSettings` of a plan config (any mapping with its fields), the one place where
+    the config becomes the planner's settings; `resolved` gives values the launcher derived (minibatch_scale).
+
+    Raises:
+      ConfigError: naming the first bad field (``config.<field>``).
+    """
+    values = {f.name: resolved.get(f.name, config.get(f.name, f.default)) for f in dataclasses.fields(PlanSettings)}
+    if values["target_accuracy"] is None:
+        raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
+    if values["minibatch_scale"] is None:
+        values["minibatch_scale"] = 1.0
+    budget, initial = values["budget_runs"], values["initial_runs"]
+    if isinstance(budget, int) and isinstance(initial, int) and budget >= 1:
+        values["initial_runs"] = min(initial, budget)
+    settings = PlanSettings(**values)
+    settings.validate()
+    return settings
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +118,7 @@ class PlanOptions:
 # ----------------------------------------------------------------------------------------------
 
 
-def candidate_spec(cand: search.Candidate, opts: PlanOptions) -> emulator.RunSpec:
+def candidate_spec(cand: search.Candidate, opts: PlanSettings) -> emulator.RunSpec:
     """The emulated run of a candidate: its model pmfs, mapped to proxy mini-batches, and the lr rule."""
     n = cand.nodes * cand.gpus_per_node
     mean_k = cand.mean_minibatch / cand.sub_batch
@@ -200,7 +223,7 @@ def _candidate_of(space: spaces.Space, config: Sequence[int], tolerance: float) 
 # ----------------------------------------------------------------------------------------------
 
 
-def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.RunCache, opts: PlanOptions,
+def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.RunCache, opts: PlanSettings,
              *, minibatch_targets: Sequence[float], staleness_limits: Sequence[float],
              max_staleness: float | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Candidates, emulated runs within the budget, the fitted law, the choice (module docstring).
@@ -227,9 +250,10 @@ def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.R
     cands = plan_lib.candidates(space, minibatch_targets, staleness_limits, tolerance=opts.tolerance,
                                 starts=opts.search_starts)
     if not cands:
-        raise ConfigError("--minibatch_range", [float(b) for b in minibatch_targets],
+        raise ConfigError("config.minibatch_range", [float(b) for b in minibatch_targets],
                           f"mini-batch targets some configuration of {space.machine.name} meets (none of them is "
-                          f"met with at most {space.max_nodes} nodes; try a larger --max_nodes or smaller targets)")
+                          f"met with at most {space.max_nodes} nodes; try a larger config.max_nodes or smaller "
+                          "targets)")
     t_cand = time.perf_counter() - t0
     log(f"{len(cands)} candidates in {t_cand:.1f} s")
     specs = [candidate_spec(c, opts) for c in cands]
@@ -301,7 +325,7 @@ def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.R
     return report
 
 
-def holdout(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.RunCache, opts: PlanOptions,
+def holdout(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.RunCache, opts: PlanSettings,
             fit: plan_lib.LawFit, fitted: Sequence[tuple[int, ...]], *, minibatch_targets: Sequence[float],
             staleness_limits: Sequence[float], cells: int = 8,
             log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:

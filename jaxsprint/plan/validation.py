@@ -42,19 +42,21 @@ def parse_configs(text: Sequence[str]) -> list[tuple[int, int, float]]:
     """``["learners:sub_batch:network_time_s", ...]`` -> tuples.
 
     Raises:
-      ConfigError: naming ``--runtime_configs``.
+      ConfigError: naming ``config.runtime_configs``.
     """
     out = []
     for item in text:
         try:
-            n, b, t = item.split(":")
+            n, b, t = str(item).split(":")
             cfg = (int(n), int(b), float(t))
         except ValueError:
-            raise ConfigError("--runtime_configs", item, "learners:sub_batch:network_time_s, e.g. 4:16:0.01") from None
-        check(cfg[0] >= 1 and cfg[1] >= 1 and math.isfinite(cfg[2]) and cfg[2] >= 0, "--runtime_configs", item,
-              "learners >= 1, sub_batch >= 1, network_time_s >= 0")
+            raise ConfigError("config.runtime_configs", item,
+                              "learners:sub_batch:network_time_s, e.g. 4:16:0.01") from None
+        check(cfg[0] >= 1 and cfg[1] >= 1 and math.isfinite(cfg[2]) and cfg[2] >= 0, "config.runtime_configs",
+              item, "learners >= 1, sub_batch >= 1, network_time_s >= 0")
         out.append(cfg)
-    check(len(out) >= 2, "--runtime_configs", list(text), "at least two configurations (one is left out at a time)")
+    check(len(out) >= 2, "config.runtime_configs", list(text),
+          "at least two configurations (one is left out at a time)")
     return out
 
 
@@ -156,7 +158,7 @@ def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = 
 
 def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> emulator.RunSpec:
     """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
-    check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "--runtime_updates",
+    check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "config.runtime_updates",
           measured.get("updates"), "enough updates for measured statistics (the run recorded none)")
     # The emulator's ring stands still on an empty update, so its delay counts non-empty updates: it draws the
     # run's staleness in those (events.effective_staleness), not in versions, or it trains a staler run than
