@@ -10,9 +10,12 @@ without a traceback. Modules raise the subclass that says what went wrong; they 
   * `CheckpointError`: a work directory or checkpoint does not match the run that reads it.
   * `NonFiniteError`: training produced a NaN or Inf (the field names the metric and the step).
 """
+import math
+import numbers
 from typing import Any
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "JaxsprintError", "NonFiniteError", "check"]
+__all__ = ["CheckpointError", "ConfigError", "DataError", "JaxsprintError", "NonFiniteError", "check", "is_int",
+           "is_real"]
 
 
 class JaxsprintError(ValueError):
@@ -63,3 +66,13 @@ def check(ok: bool, field: str, value: Any, allowed: str, error: type[JaxsprintE
     """Raises ``error(field, value, allowed)`` unless ``ok``: the one-line form of a settings check."""
     if not ok:
         raise error(field, value, allowed)
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python or NumPy), not a bool: what a count or index setting accepts."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A finite real number (Python or NumPy, integers included), not a bool: NaN and +-inf are refused."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

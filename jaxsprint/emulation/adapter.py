@@ -18,30 +18,18 @@ objects a training run needs. The fields (see ``experiments/configs/default.py``
 """
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any
-
 import jax
 import numpy as np
 import optax
 
 from jaxsprint.emulation import samplers, staleness
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import ConfigError, check, is_int, is_real
 
 __all__ = ["validate_config", "from_config", "sampler_from_config", "k_pmf_from_config"]
 
 _FIELD = "config.async_emulation"
 # The PRNG stream of the staleness draws: the run's seed offset, so that it differs from the other streams.
 _SEED_OFFSET = 7
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 def _last_positive(pmf: np.ndarray) -> int:
@@ -63,7 +51,7 @@ def _validate_fields(config) -> None:
         check(s <= m, f"{_FIELD}.staleness", a.staleness,
               f"an integer in 0..{_FIELD}.max_staleness={m} (the ring buffer holds {m + 1} gradients)")
     elif a.sampler == "geometric":
-        check(_is_real(a.mean_staleness) and 0 <= a.mean_staleness <= m, f"{_FIELD}.mean_staleness",
+        check(is_real(a.mean_staleness) and 0 <= a.mean_staleness <= m, f"{_FIELD}.mean_staleness",
               a.mean_staleness, f"a finite number in [0, {_FIELD}.max_staleness={m}] (the law is truncated there)")
     elif a.sampler == "pmf":
         pmf = samplers.check_pmf(f"{_FIELD}.pmf", a.pmf)
@@ -72,10 +60,10 @@ def _validate_fields(config) -> None:
               f"{_last_positive(pmf)})")
     check(a.mitigation in staleness.MITIGATIONS, f"{_FIELD}.mitigation", a.mitigation,
           f"allowed: {', '.join(staleness.MITIGATIONS)}")
-    check(_is_real(a.dc_lambda) and a.dc_lambda >= 0, f"{_FIELD}.dc_lambda", a.dc_lambda, "a finite number >= 0")
+    check(is_real(a.dc_lambda) and a.dc_lambda >= 0, f"{_FIELD}.dc_lambda", a.dc_lambda, "a finite number >= 0")
     n = a.num_sub_batches
     b, k = config.batch_size, config.grad_accum_steps
-    check(_is_int(n) and n >= 0 and (n == 0 or (b % n == 0 and k == 1)), f"{_FIELD}.num_sub_batches", n,
+    check(is_int(n) and n >= 0 and (n == 0 or (b % n == 0 and k == 1)), f"{_FIELD}.num_sub_batches", n,
           f"0 (off) or a divisor of config.batch_size={b} (without gradient accumulation)")
     if n and len(a.k_pmf):
         k_pmf = samplers.check_pmf(f"{_FIELD}.k_pmf", a.k_pmf)
@@ -85,10 +73,10 @@ def _validate_fields(config) -> None:
               f"probabilities of K = 0..{_FIELD}.num_sub_batches={n} (the last positive entry is at "
               f"{_last_positive(k_pmf)})")
     if _uses_perf_model(a):
-        check(_is_int(a.workers) and a.workers >= 1, f"{_FIELD}.workers", a.workers, "an integer >= 1")
+        check(is_int(a.workers) and a.workers >= 1, f"{_FIELD}.workers", a.workers, "an integer >= 1")
         for name in ("t_compute_s", "t_update_s"):
-            check(_is_real(a[name]) and a[name] > 0, f"{_FIELD}.{name}", a[name], "a finite number of seconds > 0")
-        check(_is_real(a.t_compute_cv) and a.t_compute_cv >= 0, f"{_FIELD}.t_compute_cv", a.t_compute_cv,
+            check(is_real(a[name]) and a[name] > 0, f"{_FIELD}.{name}", a[name], "a finite number of seconds > 0")
+        check(is_real(a.t_compute_cv) and a.t_compute_cv >= 0, f"{_FIELD}.t_compute_cv", a.t_compute_cv,
               "a finite coefficient of variation >= 0")
 
 

@@ -24,7 +24,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsprint.errors import ConfigError
+from jaxsprint.errors import ConfigError, is_int, is_real
 
 __all__ = [
     "SAMPLERS",
@@ -70,17 +69,13 @@ PMF_SUM_ATOL = 1e-5
 # --------------------------------------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
 def check_nonneg_int(field: str, value: Any) -> int:
     """Returns ``value`` as a Python int if it is a non-negative integer (not a bool).
 
     Raises:
         ConfigError: ``(field, value, "a non-negative integer")`` otherwise.
     """
-    if not _is_int(value) or value < 0:
+    if not is_int(value) or value < 0:
         raise ConfigError(field, value, f"a non-negative integer (got {type(value).__name__})")
     return int(value)
 
@@ -91,12 +86,7 @@ def check_nonneg_real(field: str, value: Any) -> float:
     Raises:
         ConfigError: ``(field, value, "a finite real number >= 0")`` otherwise.
     """
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, numbers.Real)
-        or not np.isfinite(value)
-        or value < 0
-    ):
+    if not is_real(value) or value < 0:
         raise ConfigError(field, value, "a finite real number >= 0")
     return float(value)
 
@@ -389,7 +379,7 @@ def as_sampler(field: str, sampler: Any) -> Any:
     Raises:
         ConfigError: Naming ``field`` when ``sampler`` is none of these or has a bad ``max_value``.
     """
-    if _is_int(sampler):
+    if is_int(sampler):
         return constant(check_nonneg_int(field, sampler))
     if isinstance(sampler, (np.ndarray, jax.Array, list, tuple)):
         return PmfSampler(check_pmf(field, sampler), name="pmf")
@@ -418,7 +408,7 @@ class MinibatchDraw(NamedTuple):
 
 
 def _as_k_sampler(n_sub: int, k_distribution: Any) -> Any:
-    if _is_int(k_distribution):
+    if is_int(k_distribution):
         k = check_nonneg_int("k_distribution", k_distribution)
         if not 1 <= k <= n_sub:
             raise ConfigError("k_distribution", k, f"as a constant K: an integer in [1, n_sub={n_sub}]")

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 import os
 import threading
 import time
@@ -41,7 +39,7 @@ from jax.flatten_util import ravel_pytree
 
 from jaxsprint.train import cpu, models, optim, pipeline, polish, trainer
 from jaxsprint.train import data as data_lib
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import ConfigError, check, is_int, is_real
 from jaxsprint.runtime import collective as collective_lib
 from jaxsprint.runtime.buffer import Control, NodeBuffer, Published
 from jaxsprint.runtime.learner import POLL_S, Learner, SubBatches, make_gradient_fn
@@ -73,14 +71,6 @@ class RunResult:
     learner_device_ids: tuple[int, ...] = ()  # ids of the devices this host's learners ran on
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def validate_config(config, num_local_devices: int) -> None:
     """Checks a SPRINT config (``experiments/configs/sprint.py``); reads and writes nothing.
 
@@ -96,7 +86,7 @@ def validate_config(config, num_local_devices: int) -> None:
     Raises:
       ConfigError: naming the first bad field.
     """
-    check(_is_int(num_local_devices) and num_local_devices >= 1, "num_local_devices", num_local_devices,
+    check(is_int(num_local_devices) and num_local_devices >= 1, "num_local_devices", num_local_devices,
           "an integer >= 1")
     check("sprint" in config, "config.sprint", None, "a SPRINT config (see experiments/configs/sprint.py)")
     data_lib.validate_config(config)
@@ -109,10 +99,10 @@ def validate_config(config, num_local_devices: int) -> None:
         polish.validate_config(config, 1)
     s = config.sprint
     lph = s.learners_per_host
-    check(lph is None or (_is_int(lph) and lph >= 1), "config.sprint.learners_per_host", lph,
+    check(lph is None or (is_int(lph) and lph >= 1), "config.sprint.learners_per_host", lph,
           "None (one per local device) or an integer >= 1")
     nd = s.get("devices")
-    check(nd is None or (_is_int(nd) and 1 <= nd <= num_local_devices), "config.sprint.devices", nd,
+    check(nd is None or (is_int(nd) and 1 <= nd <= num_local_devices), "config.sprint.devices", nd,
           f"None (every local device) or an integer in [1, {num_local_devices}]")
     where = s.get("updater_device", "shared")
     check(where in UPDATER_DEVICES, "config.sprint.updater_device", where, f"one of {', '.join(UPDATER_DEVICES)}")
@@ -120,36 +110,36 @@ def validate_config(config, num_local_devices: int) -> None:
         check(nd is not None and nd < num_local_devices, "config.sprint.devices", nd,
               f"an integer in [1, {num_local_devices - 1}] with updater_device='own' (the last of the "
               f"{num_local_devices} local devices is the updater's, no learner may use it)")
-    check(_is_int(s.sub_batch) and s.sub_batch >= 1, "config.sprint.sub_batch", s.sub_batch, "an integer >= 1")
+    check(is_int(s.sub_batch) and s.sub_batch >= 1, "config.sprint.sub_batch", s.sub_batch, "an integer >= 1")
     for name in ("network_time_s", "warmup_s"):
-        check(_is_real(s[name]) and s[name] >= 0, f"config.sprint.{name}", s[name], "a finite number >= 0")
+        check(is_real(s[name]) and s[name] >= 0, f"config.sprint.{name}", s[name], "a finite number >= 0")
     check(isinstance(s.lockstep, bool), "config.sprint.lockstep", s.lockstep, "True or False")
-    check(_is_real(s.duration_s) and s.duration_s >= 0, "config.sprint.duration_s", s.duration_s,
+    check(is_real(s.duration_s) and s.duration_s >= 0, "config.sprint.duration_s", s.duration_s,
           "a finite number of seconds > 0 (0: not used)")
-    check(_is_int(s.num_updates) and s.num_updates >= 0, "config.sprint.num_updates", s.num_updates,
+    check(is_int(s.num_updates) and s.num_updates >= 0, "config.sprint.num_updates", s.num_updates,
           "an integer >= 0 (0: not used)")
-    check(_is_real(s.num_epochs) and s.num_epochs >= 0, "config.sprint.num_epochs", s.num_epochs,
+    check(is_real(s.num_epochs) and s.num_epochs >= 0, "config.sprint.num_epochs", s.num_epochs,
           "a finite number >= 0 (0: not used)")
     if s.num_updates == 0 and s.num_epochs == 0:
         check(s.duration_s > 0, "config.sprint.duration_s", s.duration_s,
               "a number of seconds > 0 (it is the only stop: num_updates and num_epochs are 0)")
-    check(_is_int(s.eval_every_updates) and s.eval_every_updates >= 0, "config.sprint.eval_every_updates",
+    check(is_int(s.eval_every_updates) and s.eval_every_updates >= 0, "config.sprint.eval_every_updates",
           s.eval_every_updates, "an integer >= 0 (0: only at the end)")
     deferred = s.get("eval_deferred", False)
     check(isinstance(deferred, bool), "config.sprint.eval_deferred", deferred, "True or False")
     if deferred:
         check(s.num_updates > 0, "config.sprint.num_updates", s.num_updates,
               "an integer >= 1 with eval_deferred=True (the weights kept for evaluation must be bounded)")
-    check(_is_int(s.schedule_updates) and s.schedule_updates >= 1, "config.sprint.schedule_updates",
+    check(is_int(s.schedule_updates) and s.schedule_updates >= 1, "config.sprint.schedule_updates",
           s.schedule_updates, "an integer >= 1")
-    check(_is_int(s.seed) and 0 <= s.seed < 2**31, "config.sprint.seed", s.seed, "an integer in [0, 2^31)")
+    check(is_int(s.seed) and 0 <= s.seed < 2**31, "config.sprint.seed", s.seed, "an integer in [0, 2^31)")
     check(isinstance(s.checkpoint, bool), "config.sprint.checkpoint", s.checkpoint, "True or False")
-    check(_is_real(s.join_timeout_s) and s.join_timeout_s > 0, "config.sprint.join_timeout_s", s.join_timeout_s,
+    check(is_real(s.join_timeout_s) and s.join_timeout_s > 0, "config.sprint.join_timeout_s", s.join_timeout_s,
           "a finite number of seconds > 0")
-    check(_is_int(s.init_timeout_s) and s.init_timeout_s >= 1, "config.sprint.init_timeout_s", s.init_timeout_s,
+    check(is_int(s.init_timeout_s) and s.init_timeout_s >= 1, "config.sprint.init_timeout_s", s.init_timeout_s,
           "an integer number of seconds >= 1")
     eb = config.eval_batch_size
-    check(_is_int(eb) and eb >= 1, "config.eval_batch_size", eb, "an integer >= 1")
+    check(is_int(eb) and eb >= 1, "config.eval_batch_size", eb, "an integer >= 1")
 
 
 @dataclasses.dataclass

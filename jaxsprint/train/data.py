@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsprint.errors import ConfigError, DataError, check
+from jaxsprint.errors import ConfigError, DataError, check, is_int
 
 DIGITS = "digits"
 DIGITS_TEST_SIZE = 297
@@ -287,10 +287,6 @@ def _finite_pair(value) -> tuple[float, float] | None:
     return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def validate_config(config) -> None:
     """Checks every data setting of `config` without reading any data.
 
@@ -321,7 +317,7 @@ def validate_config(config) -> None:
               "a TFDS split name such as 'train', 'test' or 'validation'")
     size = config.image_size
     top = MAX_BUILTIN_IMAGE_SIZE if name in BUILTIN else MAX_IMAGE_SIZE
-    check(_is_int(size) and MIN_IMAGE_SIZE <= size <= top, "config.image_size", size,
+    check(is_int(size) and MIN_IMAGE_SIZE <= size <= top, "config.image_size", size,
           f"an integer in [{MIN_IMAGE_SIZE}, {top}]" + (f" for the built-in {name!r}" if name in BUILTIN else ""))
     a = config.augment
     check(a.kind in AUGMENT_KINDS, "config.augment.kind", a.kind, f"allowed: {', '.join(AUGMENT_KINDS)}")
@@ -331,7 +327,7 @@ def validate_config(config) -> None:
     aspect = _finite_pair(a.aspect_range)
     check(aspect is not None and 0 < aspect[0] <= aspect[1], "config.augment.aspect_range", a.aspect_range,
           "two finite numbers 0 < min <= max (width / height)")
-    check(_is_int(a.pad) and a.pad >= 0, "config.augment.pad", a.pad, "an integer >= 0 (pixels)")
+    check(is_int(a.pad) and a.pad >= 0, "config.augment.pad", a.pad, "an integer >= 0 (pixels)")
     check(isinstance(a.flip, (bool, np.bool_)), "config.augment.flip", a.flip, "True or False")
     frac = a.eval_crop_fraction
     check(isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 < frac <= 1,

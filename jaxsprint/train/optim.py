@@ -13,29 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import ConfigError, check, is_real
 
 OPTIMIZERS = ("sgd", "nesterov", "lars", "lamb")
 SCHEDULES = ("cosine", "poly", "constant")
 SCALINGS = ("linear", "none")
 
 
-def _is_real(value) -> bool:
-    """A finite real number (not a bool): NaN and +-inf fail every range check below."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_range(field: str, value, lo: float, hi: float = math.inf, *, lo_open: bool = False,
                  hi_open: bool = True) -> None:
     """Raises ConfigError unless `value` is finite and in [lo, hi) (``lo_open``/``hi_open`` choose each end)."""
-    ok = _is_real(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    ok = is_real(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
     if hi == math.inf:
         allowed = f"a finite number {'>' if lo_open else '>='} {lo:g}"
     else:

@@ -5,7 +5,6 @@ parameters, optimizer state and BN statistics are replicated. XLA inserts the gr
 """
 from __future__ import annotations
 
-import numbers
 import os
 from typing import Any, Mapping
 
@@ -13,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import ConfigError, check, is_int
 
 DATA_AXIS = "data"
 BN_REDUCTIONS = ("global", "per_device", "group")
@@ -65,10 +64,6 @@ def bn_group_size(reduction: str, *, micro_batch: int, num_devices: int, group_s
     return group_size
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def validate_config(config, num_devices: int, num_hosts: int | None = None) -> None:
     """Checks the parallel layout: ``config.num_devices``, the batch sizes and accumulation, ``config.bn``.
 
@@ -87,17 +82,17 @@ def validate_config(config, num_devices: int, num_hosts: int | None = None) -> N
     """
     hosts = jax.process_count() if num_hosts is None else num_hosts
     n = config.num_devices
-    check(_is_int(n) and (n == -1 or n == num_devices >= 1), "config.num_devices", n,
+    check(is_int(n) and (n == -1 or n == num_devices >= 1), "config.num_devices", n,
           f"-1 (every device) or the device count of the mesh ({num_devices})")
     b, k, eb = config.batch_size, config.grad_accum_steps, config.eval_batch_size
-    check(_is_int(b) and b >= 1, "config.batch_size", b, "an integer >= 1")
-    check(_is_int(k) and k >= 1, "config.grad_accum_steps", k, "an integer >= 1")
+    check(is_int(b) and b >= 1, "config.batch_size", b, "an integer >= 1")
+    check(is_int(k) and k >= 1, "config.grad_accum_steps", k, "an integer >= 1")
     check(b % (num_devices * k) == 0, "config.batch_size", b, f"divisible by the device count ({num_devices}) x "
           f"config.grad_accum_steps ({k}) = {num_devices * k}")
     check(b % hosts == 0, "config.batch_size", b, f"divisible by the host count ({hosts})")
-    check(_is_int(eb) and eb >= 1 and eb % num_devices == 0 and eb % hosts == 0, "config.eval_batch_size", eb,
+    check(is_int(eb) and eb >= 1 and eb % num_devices == 0 and eb % hosts == 0, "config.eval_batch_size", eb,
           f"a positive multiple of the device count ({num_devices}) and of the host count ({hosts})")
-    check(_is_int(config.bn.group_size) and config.bn.group_size >= 0, "config.bn.group_size",
+    check(is_int(config.bn.group_size) and config.bn.group_size >= 0, "config.bn.group_size",
           config.bn.group_size, "an integer >= 0 (used by bn.reduction='group')")
     bn_group_size(config.bn.reduction, micro_batch=b // k, num_devices=num_devices, group_size=config.bn.group_size)
 

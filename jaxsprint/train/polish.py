@@ -30,8 +30,6 @@ References:
 """
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Callable, Iterable, Mapping
 
 import flax
@@ -41,15 +39,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxsprint.train import parallel
-from jaxsprint.errors import DataError, check
+from jaxsprint.errors import DataError, check, is_int, is_real
 
 # config.polish.mode: "recompute" runs recompute_batch_stats after training, "no_augment_epochs" trains the last
 # config.polish.no_augment_epochs epochs on un-augmented images (Fujitsu's form), "both" does both.
 POLISH_MODES = ("none", "recompute", "no_augment_epochs", "both")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def validate_config(config, num_devices: int) -> None:
@@ -66,17 +60,17 @@ def validate_config(config, num_devices: int) -> None:
     """
     p = config.polish
     check(p.mode in POLISH_MODES, "config.polish.mode", p.mode, f"allowed: {', '.join(POLISH_MODES)}")
-    check(_is_int(p.num_passes) and p.num_passes >= 0, "config.polish.num_passes", p.num_passes,
+    check(is_int(p.num_passes) and p.num_passes >= 0, "config.polish.num_passes", p.num_passes,
           "0 (until converged) or a positive number of passes")
-    check(_is_int(p.num_samples) and (p.num_samples == -1 or p.num_samples >= 1), "config.polish.num_samples",
+    check(is_int(p.num_samples) and (p.num_samples == -1 or p.num_samples >= 1), "config.polish.num_samples",
           p.num_samples, "-1 (the whole training set) or a positive count")
     pb = p.batch_size or config.eval_batch_size
-    check(_is_int(p.batch_size) and p.batch_size >= 0 and _is_int(pb) and pb >= 1 and pb % num_devices == 0,
+    check(is_int(p.batch_size) and p.batch_size >= 0 and is_int(pb) and pb >= 1 and pb % num_devices == 0,
           "config.polish.batch_size", p.batch_size,
           f"0 (config.eval_batch_size={config.eval_batch_size}) or a positive multiple of the device count "
           f"({num_devices})")
     e = p.no_augment_epochs
-    check(isinstance(e, numbers.Real) and not isinstance(e, bool) and math.isfinite(e) and e >= 0,
+    check(is_real(e) and e >= 0,
           "config.polish.no_augment_epochs", e, "a finite number of epochs >= 0")
 
 
@@ -146,9 +140,9 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
       DataError: no batches, batches of different shapes, a mask of the wrong shape, or a batch size the mesh
         cannot split.
     """
-    check(_is_int(num_passes) and num_passes >= 0, "num_passes", num_passes,
+    check(is_int(num_passes) and num_passes >= 0, "num_passes", num_passes,
           "0 (until converged) or a positive number of passes")
-    check(num_samples is None or (_is_int(num_samples) and num_samples >= 1), "num_samples", num_samples,
+    check(num_samples is None or (is_int(num_samples) and num_samples >= 1), "num_samples", num_samples,
           "None (every example) or a positive budget")
     check(bool(jax.tree.leaves(variables.get("batch_stats", {}))), "variables['batch_stats']",
           variables.get("batch_stats", {}), "the statistics of a model with BatchNorm: nothing to polish")

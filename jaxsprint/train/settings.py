@@ -7,12 +7,11 @@ workdir: :func:`validate_config` (every field, and the combinations that span mo
 from __future__ import annotations
 
 import math
-import numbers
 
 from jaxsprint.emulation import adapter
 from jaxsprint.train import checkpoint, cpu, memory, models, optim, parallel, polish
 from jaxsprint.train import data as data_lib
-from jaxsprint.errors import check
+from jaxsprint.errors import check, is_int, is_real
 
 
 def validate_config(config, num_devices: int) -> None:
@@ -50,28 +49,20 @@ def validate_combinations(config) -> None:
               "statistics to recompute")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def validate_loop_config(config) -> None:
     """The loop's own settings: seed, length, and the eval / checkpoint / log intervals."""
-    check(_is_int(config.seed) and 0 <= config.seed < 2**31, "config.seed", config.seed,
+    check(is_int(config.seed) and 0 <= config.seed < 2**31, "config.seed", config.seed,
           "allowed: an integer 0 <= seed < 2^31")
-    check(_is_real(config.num_epochs) and math.isfinite(config.num_epochs) and config.num_epochs > 0,
+    check(is_real(config.num_epochs) and math.isfinite(config.num_epochs) and config.num_epochs > 0,
           "config.num_epochs", config.num_epochs, "allowed: a finite number > 0")
-    check(_is_int(config.num_train_steps) and (config.num_train_steps == -1 or config.num_train_steps > 0),
+    check(is_int(config.num_train_steps) and (config.num_train_steps == -1 or config.num_train_steps > 0),
           "config.num_train_steps", config.num_train_steps, "allowed: -1 (from num_epochs) or a positive count")
     for name in ("eval_every_epochs", "checkpoint_every_epochs"):
         value = config[name]
-        check(_is_real(value) and math.isfinite(value), f"config.{name}", value,
+        check(is_real(value) and math.isfinite(value), f"config.{name}", value,
               "allowed: a finite number (<= 0: only at the end)")
-    check(_is_int(config.log_every_steps) and config.log_every_steps >= 0, "config.log_every_steps",
+    check(is_int(config.log_every_steps) and config.log_every_steps >= 0, "config.log_every_steps",
           config.log_every_steps, "allowed: an integer >= 0 (0: only at the end)")
-    check(_is_int(config.keep_checkpoints) and config.keep_checkpoints >= 1, "config.keep_checkpoints",
+    check(is_int(config.keep_checkpoints) and config.keep_checkpoints >= 1, "config.keep_checkpoints",
           config.keep_checkpoints, "allowed: an integer >= 1")
     check(isinstance(config.progress_bar, bool), "config.progress_bar", config.progress_bar, "True or False")
