@@ -1,78 +1,33 @@
 """A 2-D convolution whose backward pass is fast on XLA:CPU, as a drop-in for lax.conv_general_dilated.
 
-Why: on CPU a plain ``jax.grad`` of ``lax.conv_general_dilated`` spends most of a ResNet train step
-outside the convolutions, and XLA:CPU has no fast filter-gradient kernel for few channels. XLA
-computes the filter gradient as a convolution over operands in "batch as feature" layouts (x as
-[C, H, W, N], dy as [H, W, N, K]); the transposes it inserts for them are fused with the elementwise
-producers of x and dy (BatchNorm, residual add, ReLU, and in the backward pass BatchNorm's
-gradient), so each transpose recomputes a whole chain of elementwise ops while reading its operands
-with a stride of a full image. Measured on this project's 2-core CPU, those
-``transpose_copy_fusion`` kernels were about half of all op time of a ResNet-20 train step.
+Why: on CPU a plain ``jax.grad`` of ``lax.conv_general_dilated`` spends most of a ResNet step outside the
+convolutions. XLA computes the filter gradient over "batch as feature" layouts, and the transposes it inserts
+are fused with the elementwise producers of x and dy (BatchNorm, residual add, ReLU), so each recomputes a
+whole elementwise chain while reading with the stride of an image; and XLA:CPU has no fast filter-gradient
+kernel for few channels.
 
-What this module does (values and gradients equal to lax's up to float summation order; tested):
+What it does (values and gradients equal to lax's up to summation order; tested), in float32 on CPU:
 
-* forward: ``lax.conv_general_dilated`` itself, except in float32 on CPU for
-  - 3x3 stride-1 layers with input and output channels multiples of 16 (every 3x3 layer of ResNet-20 but
-    the stem and the two strided ones; ResNet-50's 3x3 layers but the strided ones): Winograd's F(2x2, 3x3)
-    in the native kernels of :mod:`jaxsprint.train.cpu.kernels`, 2.25x fewer multiplications (measured 1.2-3x faster
-    than XLA's convolution per layer, ``scripts/bench_conv_layers.py``);
-  - other layers with 16 output channels from at most 16 input channels (the ResNet-20 stem): the native
-    direct kernel (measured 15-70 % faster than XLA's Eigen convolution there);
-* input gradient: for stride 1 it is the convolution of dy with the flipped, transposed kernel, so the
-  layers above run it in the same native kernels; for a larger stride, in float32 with C a multiple of 16
-  and the input's height and width multiples of the stride, one native stride-1 convolution per phase of
-  the stride (a 3x3 stride-2 kernel splits into 1x1, 1x2, 2x1 and 2x2 ones), interleaved: the same
-  multiplications as a transposed convolution without the zeros it dilates dy with (ResNet-20's strided
-  layers at batch 128, ``scripts/bench_conv_layers.py``: 2.5x faster than XLA's for the 3x3 16->32 layer,
-  1.4x for 32->64, 2.5-4x for the 1x1 projections); elsewhere XLA's own transposed convolution
-  (``jax.vjp`` of the same call);
-* filter gradient, for a kernel of size k_h x k_w, stride (s_h, s_w) and padded input x_p:
+* forward and stride-1 input gradient: Winograd F(2x2, 3x3) for 3x3 stride-1 layers with channels multiples
+  of 16, the native direct kernel for 16-output-channel layers (the ResNet-20 stem), else lax itself;
+* strided input gradient: one native stride-1 convolution per phase of the stride, without the zeros a
+  transposed convolution dilates dy with; elsewhere ``jax.vjp`` of the same call;
+* filter gradient ``dW[i, j, c, k] = sum_{n,h,w} x_p[n, s_h h + i, s_w w + j, c] dy[n, h, w, k]``: the native
+  kernel (Winograd for 3x3 stride 1) where the reduction is long against the output, one matmul for 1x1
+  kernels, else XLA's own convolution on operands this module transposes inside a ``lax.cond`` (a boundary
+  XLA's fusion cannot cross, so each transpose reads a materialised buffer once).
 
-      dW[i, j, c, k] = sum_{n, h, w} x_p[n, s_h h + i, s_w w + j, c] * dy[n, h, w, k]
-
-  - float32 with K a multiple of 16, where the reduction is long against the output
-    (N * H_out * W_out >= 0.2 * k_h * k_w * C * K): the native kernel, which keeps a block of dW in
-    vector registers and streams x and dy (1.5-2.5x faster than the options below on every ResNet-20
-    layer and on ResNet-50 at 56x56; XLA is faster on ResNet-50's late, wide layers); for 3x3 stride-1
-    layers with C a multiple of 16 and at most 256 channels, its Winograd F(2x2, 3x3) form (1.2-1.9x
-    faster again per layer);
-  - otherwise, 1x1 kernels: one matmul, ``x_p[:, ::s_h, ::s_w, :]^T @ dy`` contracted over (n, h, w)
-    (measured 2-8x less CPU time than XLA's 1x1 filter-gradient convolution, strided or not);
-  - otherwise: the same convolution XLA would run, but on operands that this module
-    transposes itself, inside a ``lax.cond`` whose two branches are identical. The conditional is
-    a boundary XLA's fusion cannot cross (``lax.optimization_barrier`` is dropped by XLA:CPU before
-    fusion), so each transpose reads a materialized buffer once instead of recomputing the
-    elementwise chain that produced it. Its result is exact whatever the predicate.
-
-The native kernel is compiled on first use (a C++ compiler is needed; without one, or with
-``JAXSPRINT_CPU_KERNELS=off``, the XLA paths above are used) and runs only on the CPU backend.
-
-The fast path covers what ResNets use: NHWC input, HWIO kernel, NHWC output (the layout that
-``flax.linen.Conv`` passes), ``feature_group_count == batch_group_count == 1``, no dilation, any
-stride, any kernel size, string or explicit non-negative padding, float32/bfloat16/float16 with no
-``preferred_element_type`` change. Everything else falls back to ``lax.conv_general_dilated``.
-
-Which library runs the convolutions matters as much. By default XLA:CPU hands them to YNNPACK,
-which runs each on one thread; with a single JAX device that leaves a core idle. Jitted with
-:func:`compiler_options` (``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE``:
-YNNPACK for reductions only), the convolutions go to XLA's Eigen kernels, which use every core;
-measured on 2 cores (several runs, noisy), a ResNet-20 train step at batch 128 takes 2-13 % less
-time that way than with YNNPACK and two batch halves, the forward pass about 25 % less, and a
-ResNet-50 step at batch 32 (224x224) 15 % less. With several (fake) CPU devices the devices already
-run concurrently and YNNPACK was as fast or faster, so the options are None there. ``batch_split=2``
-(two batch halves XLA can run at once) was the earlier lever for the idle core; it is kept as an
-option.
-
-Not supported on the fast path: forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``,
-forward-over-reverse Hessians), as for any ``jax.custom_vjp`` function; use kind "xla" there.
-
-Usage with flax::
+The native kernels are compiled on first use (a C++ compiler is needed; without one, or with
+``JAXSPRINT_CPU_KERNELS=off``, the XLA paths are used). The fast path covers NHWC input, HWIO kernel, no
+groups or dilation, any stride, kernel size and padding, float32/bfloat16/float16; everything else, and
+forward-mode differentiation (as for any ``jax.custom_vjp``), is ``lax.conv_general_dilated`` (kind "xla").
+:func:`compiler_options` jits with YNNPACK for reductions only, so that the convolutions go to Eigen, which
+uses every core of a single device. Measured speed-ups per layer and per step: ``docs/cpu-speed.md``.
 
     conv = jaxsprint.train.cpu.conv.make_conv("auto")  # "auto" | "fast" | "xla"
     y = nn.Conv(64, (3, 3), conv_general_dilated=conv)(x)
-    step = jax.jit(train_step, compiler_options=jaxsprint.train.cpu.conv.compiler_options("auto"))
 
-Models and training get it through :func:`jaxsprint.train.cpu.acceleration` instead, which decides once per run.
+Models and training get it through :func:`jaxsprint.train.cpu.acceleration`, which decides once per run.
 """
 
 from __future__ import annotations

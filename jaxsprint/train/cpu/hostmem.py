@@ -1,33 +1,23 @@
 """Host memory allocator settings for XLA:CPU processes (glibc malloc), applied before JAX starts.
 
-Why: XLA:CPU allocates a train step's large temporary buffers with ``malloc`` on every execution.
-glibc serves such blocks with ``mmap`` (blocks above its mmap threshold, at most 32 MB, and
-everything that does not fit the 64 MB heaps of per-thread arenas) and gives them back with
-``munmap`` when freed, so the next step touches fresh pages and the kernel zero-fills every one of
-them. Measured on this project's 2-core CPU machine (ResNet-20, batch 128, one CPU device, jax
-0.10.2): about 52,000 minor page faults and 100-120 ms of system time per step, a fifth of the
-step. With every allocation in the main ``sbrk`` heap (one arena, no ``mmap``) and freed memory
-kept (trimming off), the steps after the first reuse the same pages: 0 faults and 2-7 ms
-of system time per step on a quiet machine (the kernel may still reclaim idle heap pages on a busy
-one; ``scripts/bench_step.py`` reports step times and page faults per step).
+Why: XLA:CPU allocates a train step's large temporary buffers with ``malloc`` on every execution. glibc
+serves such blocks with ``mmap`` (above its mmap threshold, and whatever does not fit a per-thread arena's
+heap) and gives them back with ``munmap`` when freed, so the next step touches fresh pages that the kernel
+zero-fills: a fifth of a small ResNet step went to page faults. With every allocation in the main ``sbrk``
+heap (one arena, no ``mmap``) and freed memory kept (trimming off), the steps after the first reuse the same
+pages. With several (fake) CPU devices one shared arena is slower (lock contention), so there every thread
+keeps its own arena and only ``mmap`` and trimming are switched off. Freed memory stays with the process,
+which is what a training loop that allocates the same buffers every step wants. The measured page faults and
+step times are in ``docs/cpu-speed.md``; ``scripts/bench_step.py`` reports both.
 
-The settings only take effect for threads that have not allocated yet, so they must be applied
-before the JAX backend starts its thread pools (importing jax is fine, running anything is not):
-:func:`configure` is the first thing the launchers do. They are applied only when the process runs
-on CPU devices alone (an accelerator process keeps glibc's defaults). With several (fake) CPU
-devices, one arena shared by the devices' threads was measured slower (lock contention), so there
-every thread keeps its own arena and only ``mmap`` and trimming are switched off: per-step page
-faults fell from 800-20,000 to 100-6,500 and a ResNet-20 step at batch 128 on 8 fake devices took
-3-5 % less time (4 alternating pairs of processes, 2-core machine; noisy: the fault counts varied
-that much between processes with the same settings). Freed memory is kept by the process instead of
-being returned to the system (trimming is off), which is what a training loop that allocates the same
-buffers every step wants. With a trim threshold of 2 GiB instead, a ResNet-50 step at batch 32 (224x224,
-one CPU device) page-faulted about 850,000 times (3.3 GB) and took 7.2 and 9.5 s in two processes; with
-trimming off, 0-280,000 faults and 5.3 and 4.6 s, in processes alternating with those.
+The settings only take effect for threads that have not allocated yet, so they must be applied before the
+JAX backend starts its thread pools (importing jax is fine, running anything is not): :func:`configure` is
+the first thing the launchers do, and only in a process that runs on CPU devices alone (an accelerator process
+keeps glibc's defaults).
 
-It is part of the CPU acceleration: :func:`jaxsprint.train.cpu.configure_host_memory` applies the rule above unless
-``cpu_kernels`` (or ``JAXSPRINT_CPU_KERNELS``) is "off". :func:`configure` itself also takes "retain" (force
-the one-arena settings) and "system" (leave the allocator alone).
+It is part of the CPU acceleration: :func:`jaxsprint.train.cpu.configure_host_memory` applies the rule above
+unless ``cpu_kernels`` (or ``JAXSPRINT_CPU_KERNELS``) is "off". :func:`configure` itself also takes "retain"
+(force the one-arena settings) and "system" (leave the allocator alone).
 """
 from __future__ import annotations
 

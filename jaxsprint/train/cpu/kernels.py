@@ -7,31 +7,21 @@ through the FFI.
 
 for float32 NHWC ``x`` and ``dy`` (``x_p``: x zero-padded by ``pads``), as one XLA custom call, and
 ``conv(x, w, out_hw, strides, pads_lo, winograd=...)`` the forward convolution, directly or, for 3x3 stride-1
-kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3) algorithm (jaxsprint.train.cpu.conv uses
-them for the forward and the stride-1 input gradient where they are faster than XLA's). Output channels must
-be a multiple of 16 (the vector width of the kernels). Both run on XLA's intra-op thread pool (one thread
-per call when the process has several devices, which already run concurrently). The kernels
-(``conv_kernels.cc``, ``bn_kernels.cc``, ``kernels_common.h``: one library) are compiled on first use with
-the machine's C++ compiler (``$CXX``, else ``g++``) for this CPU (``-march=native``) into a per-user cache
+kernels with input channels a multiple of 16, with Winograd's F(2x2, 3x3). Output channels must be a
+multiple of 16 (the kernels' vector width). Both run on XLA's intra-op thread pool.
+
+Why: XLA:CPU has no fast filter-gradient kernel for small channel counts (it runs the filter gradient as a
+convolution whose "kernel" is the whole output gradient), and jaxlib does not expose oneDNN's convolutions.
+
+The kernels (``conv_kernels.cc``, ``bn_kernels.cc``, ``kernels_common.h``: one library) are compiled on first
+use with ``$CXX`` (else ``g++``) for this CPU (``-march=native``) into a per-user cache
 (``$JAXSPRINT_NATIVE_CACHE``, else ``~/.cache/jaxsprint``, else a per-user temp folder), keyed by the source,
-the flags, the jaxlib version and the CPU's feature flags, so a cached library is never run on a CPU it was not built for. Nothing is
-installed by hand: a machine without a compiler simply does not get the kernels, :func:`available` says why,
-and callers use XLA's convolution.
-
-Why it exists: XLA:CPU has no fast filter-gradient kernel for small channel counts. It runs the filter
-gradient as a convolution whose "kernel" is the whole output gradient (32 x 32 x 128 for a ResNet-20
-first-stage layer at batch 128); Eigen and YNNPACK reach under half of the forward convolution's speed there,
-and that was the largest part of the gap to PyTorch's oneDNN on this CPU. There is no library to call instead:
-jaxlib contains oneDNN, but does not expose its convolution (its XLA rewrite needs a build flag the wheels do
-not set), and PyTorch is not a dependency.
-
-Under ``jit`` with a batch sharded over devices the calls are partitioned with
-``jax.experimental.custom_partitioning``: every device computes the filter gradient of its own examples and
-the results are summed over the batch's mesh axes (a ``psum``), and the forward convolution of its own
-examples, so no activation is gathered.
-
-With ``config.cpu_kernels`` or ``JAXSPRINT_CPU_KERNELS`` set to "off" it is never built or used
-(see :mod:`jaxsprint.train.cpu`).
+the flags, the jaxlib version and the CPU's feature flags, so a cached library never runs on a CPU it was not
+built for. A machine without a compiler does not get them: :func:`available` says why, and callers use XLA's
+convolution. Under ``jit`` with a sharded batch the calls are partitioned with ``custom_partitioning``
+(each device works on its own examples; filter gradients are summed over the batch's mesh axes). With
+``cpu_kernels`` or ``JAXSPRINT_CPU_KERNELS`` "off" nothing is built or used (:mod:`jaxsprint.train.cpu`).
+Measured speed: ``docs/cpu-speed.md``.
 """
 from __future__ import annotations
 
