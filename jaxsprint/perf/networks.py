@@ -1,34 +1,26 @@
 """Per-layer costs of a CNN: FLOPs, bytes moved and parameters, forward and backward.
 
-A network is reduced to a table with one row per distinct layer (identical layers are merged and
-counted with a multiplicity). Every per-sample quantity is multiplied by the sub-batch size in
-:mod:`jaxsprint.perf.times`, so the table itself does not depend on the batch.
+A network is reduced to a table with one row per distinct layer (identical layers are merged and counted with
+a multiplicity). Every per-sample quantity is multiplied by the sub-batch size in :mod:`jaxsprint.perf.times`,
+so the table itself does not depend on the batch.
 
 Conventions (used everywhere in :mod:`jaxsprint.perf`):
 
-* A multiply-accumulate (MAC) is one multiplication plus one addition, i.e. **2 FLOPs**. Published
-  "FLOPs" of CNNs are very often MACs (ResNet-50's "4.1 GFLOPs" is 4.1 G MACs = 8.2 GFLOP).
-  ``fwd_macs`` counts MACs of convolutions and dense layers only; every ``*_flops`` field counts
-  floating-point operations.
-* Convolution forward: ``MACs = k_h * k_w * (C_in / groups) * C_out * H_out * W_out`` per sample.
-* Backward of a convolution or dense layer: the gradient w.r.t. the input and the gradient w.r.t.
-  the weights each cost the forward MACs again, so forward + backward is about 3x the forward.
-  The first layer needs no input gradient (XLA removes it), so its ``bwd_data_flops`` is 0.
-* Element-wise layers (batch norm, ReLU, pooling, residual add) are memory bound: their FLOPs
-  are a few per element and their bytes are what matter.
-* Bytes are fp32 (4 bytes per value): forward reads the input and writes the output (batch norm
-  reads its input twice), backward reads the output gradient and the saved input and writes the
-  input gradient. Weight traffic (4 bytes per parameter read forward, read + written backward) is
-  per step, not per sample, and is added in :mod:`jaxsprint.perf.times`.
+* A multiply-accumulate (MAC) is **2 FLOPs**. Published "FLOPs" of CNNs are often MACs (ResNet-50's
+  "4.1 GFLOPs" is 4.1 G MACs = 8.2 GFLOP). ``fwd_macs`` counts MACs of convolutions and dense layers only;
+  every ``*_flops`` field counts floating-point operations.
+* Convolution forward: ``MACs = k_h * k_w * (C_in / groups) * C_out * H_out * W_out`` per sample. The input
+  and the weight gradient each cost the forward MACs again (forward + backward about 3x the forward); the
+  first layer needs no input gradient, so its ``bwd_data_flops`` is 0.
+* Element-wise layers (batch norm, ReLU, pooling, residual add) are memory bound: their bytes matter.
+* Bytes are fp32: forward reads the input and writes the output (batch norm reads its input twice), backward
+  reads the output gradient and the saved input and writes the input gradient. Weight traffic is per step,
+  not per sample, and is added in :mod:`jaxsprint.perf.times`.
 
-Three sources of a table:
-
-* :func:`from_spec`: a sequential layer spec (tuples), e.g. ``[("conv", 64, 3), ("relu",),
-  ("maxpool", 2), ("gap",), ("dense", 10)]``; or :class:`Builder` for branching networks.
-* the zoo (:mod:`jaxsprint.perf.zoo`): published CNNs built with :class:`Builder`; ``zoo.get`` looks
-  one up by name.
-* :func:`from_flax`: any flax model, from XLA's cost analysis of its jitted forward and
-  forward+backward (totals only, one "forward" and one "backward" row).
+Three sources of a table: :func:`from_spec` (a sequential layer spec such as ``[("conv", 64, 3), ("relu",),
+("maxpool", 2), ("gap",), ("dense", 10)]``) or :class:`Builder` for branching networks; the zoo
+(:mod:`jaxsprint.perf.zoo`, ``zoo.get`` by name); :func:`from_flax`, any flax model from XLA's cost analysis
+of its jitted forward and forward+backward (totals only, one "forward" and one "backward" row).
 """
 from __future__ import annotations
 

@@ -3,38 +3,28 @@ r"""Configuration search on the differentiable SPRINT model: gradient-based and 
 The problem (fastest configuration whose mean mini-batch meets a target, under staleness, memory and
 precision-budget constraints) and its exact evaluation are :mod:`jaxsprint.perf.space`.
 
-**Gradient search** (:func:`gradient_search`). A continuous relaxation: the integer variables are
-searched as ``z = log x`` and the precision ones as ``p`` in ``[0, 1]``, with projected steps
-(each step is clipped to the box ``[log lo, log hi]``, ``[0, 1]``), so the node, learner and
-sub-batch bounds hold exactly and the gradient does not vanish near them (as it would with a
-sigmoid). The other constraints ``c_i(x) <= 0`` (:func:`jaxsprint.perf.space.constraints`, log form:
-``log((1-tau) B*) - log E[B]``, ``log E[B] - log((1+tau) B*)``, ``log E[S] - log S_max``,
-``log mem - log M``, ``sum w p - phi``) enter the Powell-Hestenes-Rockafellar augmented
-Lagrangian of the objective ``log T_epoch``
+**Gradient search** (:func:`gradient_search`). A continuous relaxation: the integer variables are searched
+as ``z = log x`` and the precision ones as ``p`` in ``[0, 1]``, with projected steps (clipped to the box),
+so the bounds hold exactly and the gradient does not vanish near them. The other constraints ``c_i(x) <= 0``
+(:func:`jaxsprint.perf.space.constraints`, log form) enter the Powell-Hestenes-Rockafellar augmented
+Lagrangian of ``log T_epoch``
 
 .. math::
     L_\rho(z, \lambda) = \log T_{epoch}(x(z)) + \sum_i \frac{\max(0, \lambda_i + \rho c_i)^2
     - \lambda_i^2}{2\rho},
 
-minimised by Adam (optax) for ``inner`` steps, after which ``lambda_i <- max(0, lambda_i + rho
-c_i)`` and ``rho`` grows (Nocedal and Wright, *Numerical Optimization*, 2nd ed., sec. 17.4).
-Several random starts run in one ``vmap``. The end points are rounded (floor and ceil of each
-integer, ``p`` at 1/2), and the best few are refined by hill climbing over a discrete
-neighbourhood (steps of 0, +-1, +-2, +-3 and +-5/15/40% of the value in each integer variable,
-all combinations; plus single precision flips combined with sub-batch steps), evaluated exactly.
+minimised by Adam (optax) for ``inner`` steps, after which ``lambda_i <- max(0, lambda_i + rho c_i)`` and
+``rho`` grows (Nocedal and Wright, *Numerical Optimization*, 2nd ed., sec. 17.4). Several random starts run
+in one ``vmap``. The end points are rounded and the best few refined by hill climbing over a discrete
+neighbourhood (small absolute and relative steps of each integer variable, precision flips with sub-batch
+steps), evaluated exactly.
 
-**Grid search** (:func:`grid_search`). Every configuration of the same space, evaluated by the
-same function in vmapped chunks inside one jitted loop: the baseline and the check.
+**Grid search** (:func:`grid_search`). Every configuration of the same space, evaluated by the same function
+in vmapped chunks inside one jitted loop: the baseline and the check.
 
-Both compile once per :class:`~jaxsprint.perf.space.Space` (the space keeps its jitted functions; the
-machine and the target are arguments).
-
-References:
-  Oyama et al., "Predicting statistics of asynchronous SGD parameters for a large-scale
-  distributed deep learning system on GPU supercomputers", IEEE BigData 2016.
-  Qiao et al., "Pollux: co-adaptive cluster scheduling for goodput-optimized deep learning",
-  OSDI 2021 (fits a throughput model, then enumerates).
-  Nocedal and Wright, *Numerical Optimization*, Springer 2006, ch. 17 (augmented Lagrangian).
+Both compile once per :class:`~jaxsprint.perf.space.Space` (the machine and the target are arguments).
+Measured against each other: ``docs/perf-search.md``. Related: Qiao et al., "Pollux", OSDI 2021 (fits a
+throughput model, then enumerates).
 """
 from __future__ import annotations
 

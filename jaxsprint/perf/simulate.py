@@ -1,39 +1,28 @@
 """Discrete-event simulator of the SPRINT protocol: the judge of :mod:`jaxsprint.perf.sprint`.
 
-The protocol (docs/perf-model.md, "The protocol"): ``N`` learners compute sub-batch gradients
-back to back, each taking a random time ``T_i`` (mean ``T_c``, coefficient of variation ``cv``);
-a finished gradient goes to the updater's buffer and the learner reads the newest published
-version and starts again. The updater's cycle ``k`` starts at ``k T_u``, gathers the buffer
-(every gradient finished during cycle ``k - 1``), and publishes version ``k + 1`` at
-``(k + 1) T_u``. A gradient read at version ``v`` and gathered at ``k T_u`` is applied in the
-update publishing ``k + 1``: staleness ``S = k - v``.
+The protocol (docs/sprint-model.md, "The protocol this project models"): ``N`` learners compute sub-batch
+gradients back to back, each in a random time (mean ``T_c``, coefficient of variation ``cv``); the updater's
+cycle ``k`` starts at ``k T_u``, gathers every gradient finished during cycle ``k - 1`` and publishes version
+``k + 1``; a gradient read at version ``v`` and gathered at ``k T_u`` has staleness ``S = k - v``.
 
 Two implementations consume the same random draws:
 
-* :func:`simulate_events` runs the protocol literally (a heap of learner completions, the updater's
-  cycle boundaries, a buffer and a version counter). It is slow and serves as the reference.
-* :func:`simulate` computes the same events with numpy arrays (completion times are cumulative
-  sums; the cycle of a completion at ``t`` is ``floor(t / T_u)``, the version read at its start
-  ``s`` is ``floor(s / T_u)``). Tests check that both give identical histograms.
+* :func:`simulate_events` runs the protocol literally (a heap of learner completions, the updater's cycle
+  boundaries, a buffer and a version counter): slow, the reference.
+* :func:`simulate` computes the same events with numpy arrays (completion times are cumulative sums; the
+  cycle of a completion at ``t`` is ``floor(t / T_u)``). Tests check that both give identical histograms.
 
-Each replica starts in the stationary state of every learner (the compute in progress at time 0
-has the length-biased duration and a uniform position in it), with independent phases; as if
-the updater had been cycling forever, versions before time 0 are negative. Several replicas are
-pooled because with ``cv = 0`` (or tiny ``cv``) one replica keeps its phases forever.
+Each replica starts in the stationary state of every learner (the compute in progress at time 0 has the
+length-biased duration and a uniform position in it), with independent phases; versions before time 0 are
+negative, as if the updater had been cycling forever. Several replicas are pooled because with ``cv = 0``
+one replica keeps its phases forever. Compute times: ``"gamma"`` (default), ``"lognormal"`` (same mean and
+cv) or deterministic when ``cv = 0``.
 
-Compute times: ``"gamma"`` (default; shape ``1 / cv^2``), ``"lognormal"`` (same mean and cv) or
-deterministic when ``cv = 0``.
-
-Updater jitter (``update_cv > 0``): the updater's cycles are i.i.d. gamma lengths of mean ``T_u``
-and coefficient of variation ``update_cv``, a stationary renewal process (the cycle in progress at
-time 0 is length-biased, time 0 uniform in it; earlier boundaries are drawn backwards from a second
-stream of the same seed). The straddling cycle 0 is left out of the count histogram (its start is
-before the simulated learners); observed cycles are ``1 .. n``. ``update_cv = 0`` is the fixed
-cycle above, draw for draw.
-
-Shifted updater cycles (``update_shift_s = s > 0``): each cycle is ``s + G`` with ``G`` gamma of mean
-``T_u - s`` and cv ``update_cv T_u / (T_u - s)`` (the cycle keeps mean ``T_u`` and cv ``update_cv``);
-the straddling cycle is length-biased accordingly. ``s = 0`` is the gamma cycle, draw for draw.
+Updater jitter (``update_cv > 0``): i.i.d. gamma cycles of mean ``T_u``, a stationary renewal process (the
+cycle in progress at time 0 is length-biased; earlier boundaries come from a second stream of the same seed),
+the straddling cycle left out of the count histogram. Shifted cycles (``update_shift_s = s``): ``s + G``,
+``G`` gamma of mean ``T_u - s`` with the cycle's mean and cv kept. ``update_cv = 0`` and ``s = 0`` reproduce
+the simpler cycles draw for draw.
 """
 from __future__ import annotations
 

@@ -1,47 +1,32 @@
 r"""Configuration spaces of the SPRINT model: what may be chosen, what must hold, the exact evaluation.
 
-SPRINT's use of its model (Oyama et al., IEEE BigData 2016) is to pick, before running anything,
-the fastest configuration ``(N_node, N_gpu, N_Subbatch)`` whose mini-batch nearly meets a target.
-This module states that problem on the pure-jnp model (:mod:`jaxsprint.perf.sprint`,
-:mod:`jaxsprint.perf.times`); :mod:`jaxsprint.perf.search` solves it and
-:mod:`jaxsprint.perf.sensitivity` differentiates its answer w.r.t. the machine.
+SPRINT's use of its model (Oyama et al., IEEE BigData 2016) is to pick, before running anything, the
+fastest configuration ``(N_node, N_gpu, N_Subbatch)`` whose mini-batch nearly meets a target. This module
+states that problem on the pure-jnp model (:mod:`jaxsprint.perf.sprint`, :mod:`jaxsprint.perf.times`);
+:mod:`jaxsprint.perf.search` solves it and :mod:`jaxsprint.perf.sensitivity` differentiates its answer.
 
-**Problem.** With ``x = (n, g, b[, p_1..p_L])`` (nodes, learners per node, sub-batch and,
-optionally, a low-precision indicator per layer row of the network's table),
+**Problem.** With ``x = (n, g, b[, p_1..p_L])`` (nodes, learners per node, sub-batch and, optionally, a
+low-precision indicator per layer row of the network's table),
 
 .. math::
     \min_x\; T_{epoch}(x) = \frac{N_{file}\,T_c(x)}{n g b}
     \quad\text{s.t.}\quad (1-\tau) B^* \le E[B](x) \le (1+\tau) B^*,\;
     E[S](x) \le S_{max},\; \mathrm{mem}(x) \le M,\; \sum_l w_l p_l \le \phi,
 
-with ``E[B] = b n g T_u / T_c`` and ``E[S] = T_c / T_u + 1`` (exact means of the model),
-``1 <= n <= n_max``, ``1 <= g <= g_max``, ``b_min <= b <= b_max`` integers and ``p_l`` in
-``{0, 1}`` (``w_l``: share of the forward FLOPs in row ``l``; ``phi``: the low-precision budget).
-The constraints ``c_i(x) <= 0`` are kept in log form (:func:`constraints`) so that a relaxed solver
-sees comparable scales; feasibility itself is decided exactly on the band (:func:`score`).
+with ``E[B] = b n g T_u / T_c``, ``E[S] = T_c / T_u + 1``, integer ranges for ``n, g, b`` and ``p_l`` in
+``{0, 1}`` (``w_l``: share of the forward FLOPs in row ``l``; ``phi``: the low-precision budget). The
+constraints ``c_i(x) <= 0`` are kept in log form (:func:`constraints`) so that a relaxed solver sees
+comparable scales; feasibility itself is decided exactly on the band (:func:`score`).
 
-**Precision option** (:class:`Precision`). Row ``l`` in low precision (i) runs its passes at
-``low_peak_factor`` times the fp32 peak and moves ``bytes_factor`` of the bytes (the layer times
-of :func:`jaxsprint.perf.times.layer_times_s` on a machine with those figures), (ii) keeps its
-activations in ``bytes_factor`` of the memory and (iii) hands its gradient to the updater, which
-gathers and all-reduces it, in ``bytes_factor`` of the bytes (gradient compression as in
-mixed-precision data-parallel training; the momentum update stays fp32). (iii) matters most:
-at a given mean mini-batch the epoch time is ``N_file T_u / E[B]`` (the identity
-``T_epoch E[B] = N_file T_u`` of the model), so compute speed only decides how many learners are
-needed, while the updater cycle sets the epoch time. The budget ``phi`` on the share of
-forward FLOPs in low precision stands for an accuracy requirement, which turns the choice into
-a knapsack coupled with ``(n, g, b)``; it is an illustrative knob, not a claim about which
-layers tolerate bf16. With ``L`` rows the space has ``2^L`` times more configurations: 2^48 for
-ResNet-50 and 2^23 for VGG-16, where no grid can go.
+**Precision option** (:class:`Precision`): a row in low precision runs its passes at ``low_peak_factor``
+times the fp32 peak, moves, stores and all-reduces ``bytes_factor`` of the bytes (the momentum update stays
+fp32). The budget ``phi`` is an illustrative accuracy knob, which turns the choice into a knapsack coupled
+with ``(n, g, b)``: ``2^L`` times more configurations than any grid can visit (``docs/perf-search.md``).
 
-**Compiled functions.** A :class:`Space` owns the jitted functions built for it (:meth:`Space.jitted`):
-its network, ranges and options are compiled in as constants, the machine and the target are
-arguments. They live as long as the space object; an equal but distinct space compiles its own.
-Reuse one space for several targets or machines.
-
-References:
-  Oyama et al., "Predicting statistics of asynchronous SGD parameters for a large-scale
-  distributed deep learning system on GPU supercomputers", IEEE BigData 2016.
+**Compiled functions.** A :class:`Space` owns the jitted functions built for it (:meth:`Space.jitted`): its
+network, ranges and options are compiled in as constants, the machine and the target are arguments. They
+live as long as the space object; an equal but distinct space compiles its own, so reuse one space for
+several targets or machines.
 """
 from __future__ import annotations
 

@@ -3,71 +3,28 @@ r"""The SPRINT performance model: epoch time, mini-batch and staleness of the as
 Everything here is pure jnp (jit, vmap and grad work); Python-side checks live in
 :func:`validate_timings` and :func:`validate_config` and are meant for launchers.
 
-**Protocol** (docs/perf-model.md, "The protocol").
-``N`` learners each compute one sub-batch gradient in a random time ``T_i`` (mean ``T_c``,
-coefficient of variation ``cv``), hand it to the updater and start again at once with the newest
-published weights. The updater runs cycles of length ``T_u`` back to back; the cycle starting at
-``k T_u`` gathers every gradient finished during the previous cycle and publishes version ``k+1``
-at ``(k+1) T_u``. Mini-batch of an update: ``B = N_sub K`` with ``K`` the gradients gathered;
-staleness of a gradient read at version ``v`` and applied in the update publishing ``u``:
-``S = u - 1 - v``. Empty cycles (``K = 0``) publish a version too and are counted as updates.
+**Protocol** (docs/sprint-model.md, "The protocol this project models"): ``N`` learners each compute one
+sub-batch gradient in a random time (mean ``T_c``, coefficient of variation ``cv``) and start again at once
+with the newest weights; the updater's cycles of length ``T_u`` gather the gradients finished during the
+previous cycle and publish one version each. Mini-batch ``B = N_sub K`` (``K`` the gradients gathered);
+staleness ``S = u - 1 - v`` of a gradient read at version ``v`` and applied in version ``u``. Empty cycles
+(``K = 0``) publish a version too and count as updates. ``T_c`` and ``T_u`` come from
+:mod:`jaxsprint.perf.times` (a network's costs and a machine's figures) or are given measured.
 
-**Times** ``T_c`` (learner time per sub-batch) and ``T_u`` (updater cycle) come from
-:mod:`jaxsprint.perf.times` (from a network's costs and a machine's figures) or are given measured.
+**Epoch and means** (exact for any compute-time law): ``T_epoch = N_file T_c / (N N_sub)``, updates per epoch
+``T_epoch / T_u``, ``E[B] = N_sub N T_u / T_c``, ``E[S] = T_c / T_u + 1`` (Little's law).
 
-**Epoch** (learners never wait): ``T_epoch = N_file T_c / (N N_sub)``, updates per epoch
-``T_epoch / T_u``.
+**Distributions**: ``K`` is the sum of ``N`` independent stationary renewal counts in a cycle (the exact
+renewal identity, convolved as a power of the characteristic function on an FFT grid); ``S`` is a mixture
+over a gradient's compute time of the deterministic two-point law (Palm calculus). The only approximation is
+the compute-time family, **gamma with the given mean and cv**; ``cv = 0`` uses the exact deterministic forms.
+Options: updater jitter (``update_cv``: gamma updater cycles, mixed over cells of exact probability) and a
+shifted updater cycle (``update_shift_s``: a fixed part plus a gamma tail). Means stay exact in every case.
 
-**Means, exact for any compute-time distribution** (stationary learners):
-``E[B] = N_sub N T_u / T_c`` and ``E[S] = T_c / T_u + 1``; hence Little's law
-``(E[S] - 1) E[B] = N N_sub``.
-
-**Distributions.** Learners are independent and stationary, so:
-
-* ``K`` is the sum of ``N`` independent counts ``K_i`` of a stationary renewal process in a window
-  of length ``T_u``. With ``G_j(t) = \int_0^t F_j(u) du`` and ``F_j`` the CDF of the sum of ``j``
-  compute times (time in units of ``T_c``, ``r = T_u / T_c``), the exact renewal identity
-  (Cox, *Renewal Theory*, 1962, sec. 4.1) gives ``P(K_i >= k) = G_{k-1}(r) - G_k(r)``.
-* a gradient's completion time is uniform modulo ``T_u`` and independent of its own duration
-  ``T`` (Palm calculus of a stationary point process), so with ``Q = T / T_u`` and ``x ~ U[0,1)``,
-  ``S = 1 + ceil(Q - x)`` and exactly ``P(S >= 1 + m) = \int_{m-1}^{m} P(Q > u) du``. The
-  staleness pmf is a mixture over ``T`` of the deterministic two-point law.
-
-The only approximation is the family of the compute time: **gamma with the given mean and cv**
-(exact when the jitter is gamma distributed, as in the simulator's default; with another
-distribution of the same mean and cv only the shape of the pmfs is approximate, the means stay
-exact). Gamma sums are gamma, so ``F_j`` is a gamma CDF of shape ``j / cv^2``; CDFs use XLA's
-regularised incomplete gamma for shapes up to 100 and the Wilson-Hilferty normal approximation
-(error below 6e-5) above; integrals of CDFs use the closed forms ``E[(c - Q)_+] = q[(t - 1) F(t) +
-t f(t) / a]`` and ``E[(Q - c)_+] = q[(1 - t) \bar F(t) + t f(t) / a]`` (``t = c / q``), each taken
-on the side where it is small so that float32 does not cancel. ``cv = 0`` uses the exact
-deterministic forms ``K = N floor(r) + Binomial(N, frac r)`` and
-``P(S = floor(q) + 2) = frac(q)``. The ``N``-fold convolution is a power of the characteristic
-function on an FFT grid (exact up to float32 rounding when the grid covers the support).
-
-**Updater jitter** (``update_cv = cv_u > 0``; 0 is the fixed cycle, exactly): the cycles are a
-stationary renewal process of gamma lengths (mean ``T_u``). An update's cycle is a typical one,
-``L ~ Gamma(T_u, cv_u)``, and given ``L`` the learners' counts are independent stationary renewal
-counts in ``L``: ``P(K = k) = E_L[P(sum_i K_i(L) = k)]``. A gradient read at ``s`` and finished at
-``s + T`` has ``S = 1 + N_u(s, s + T]``, the updater's stationary count in a window of its compute
-time: ``S - 1`` is a renewal count of cv ``cv_u`` in ``Q = T / T_u`` mixed over
-``Q ~ Gamma(T_c / T_u, cv)``; with ``cv_u = 0`` that count is ``ceil(Q - x)``, the two-point law.
-Both means stay exact (``E[K] = N T_u / T_c``, ``E[S] = T_c / T_u + 1``). The mixing variable is
-cut into cells of exact probability and conditional mean (:func:`jaxsprint.perf.renewal.gamma_cells`).
-
-**Shifted updater cycle** (``update_shift_s = s``, in ``[0, T_u)``; 0 is the gamma cycle above,
-bit for bit): ``L = s + G``, ``G`` gamma of mean ``T_u - s`` and cv ``cv_u T_u / (T_u - s)`` (``L``
-keeps mean ``T_u`` and cv ``cv_u``): a real cycle has a fixed part (network time, the update's own
-floor) and never the short cycles a gamma of the same cv puts weight on. The count mixes over
-cells of ``G`` moved by ``s``; ``N_u`` is the stationary renewal count of ``s + G`` intervals, whose
-``j``-fold sums are ``j s + Gamma(shape j a_G)`` (:func:`jaxsprint.perf.renewal.renewal_tail`). Means
-stay exact.
-
-**Lattices and limits** (docs/perf-model.md, "Limits and approximations at the edges"): pmfs are
-returned on lattices ``offset + stride * i`` (float32 offsets holding exact integers, power-of-two
-strides); the mass outside a window is lumped into its first and last bins so each pmf sums to 1.
-Where the exact form does not fit a window (or passes 2^24), a moment-matched discretised gamma
-on a coarser lattice is used, so memory stays bounded for any valid input.
+pmfs are returned on lattices ``offset + stride * i`` (power-of-two strides) with the mass outside a window
+lumped into its end bins; where the exact form does not fit a window, a moment-matched discretised gamma on a
+coarser lattice keeps memory bounded for any valid input. The derivations, the numerics and the limits are in
+``docs/perf-model.md`` ("How the model works", "Updater jitter", "Limits and approximations at the edges").
 """
 from __future__ import annotations
 
