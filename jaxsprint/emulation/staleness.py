@@ -1,12 +1,9 @@
 """Asynchronous-SGD emulation: the delayed-gradient optax transform and its mitigations.
 
-SPRINT trains asynchronously: each update is applied with a gradient computed on weights that are several
-updates old, and the number of sub-batch gradients gathered into one update is random. This module and
-:mod:`jaxsprint.emulation.samplers` emulate both effects inside an ordinary synchronous, jitted JAX program so that their
-effect on accuracy can be studied on any machine, with staleness and mini-batch distributions that are either
-simple parametric ones or the ones the performance model predicts for a real cluster. The distributions
-(samplers) and the random mini-batch live in :mod:`jaxsprint.emulation.samplers` and are re-exported here, so
-``staleness.geometric(...)`` and ``staleness.minibatch_weights(...)`` keep working;
+SPRINT applies each update with gradients computed on weights several updates old, and gathers a random
+number of sub-batch gradients into it. This module and :mod:`jaxsprint.emulation.samplers` (the staleness and
+mini-batch distributions, parametric or predicted by the performance model; re-exported here) emulate both
+inside an ordinary synchronous jitted program, so that their effect on accuracy can be studied on any machine.
 :mod:`jaxsprint.emulation.adapter` builds all of it from ``config.async_emulation``.
 
 Delayed-gradient model. With ``tau_t`` the staleness of the gradient applied at update ``t``::
@@ -25,15 +22,9 @@ composes with any optimizer::
 Put it FIRST in the chain: in SPRINT the learners send raw gradients and the updater applies momentum (and
 weight decay) to whatever arrives, i.e. the inner optimizer sees stale gradients and current state.
 
-Staleness convention: ``tau = 0`` is synchronous SGD. This is the convention of the performance model
-(``docs/perf-model.md``, "The protocol": "S = u - 1 - v", a gradient read at version v and applied in the
-update that publishes version u), so a predicted staleness pmf indexes directly as ``pmf[tau]``.
-
-References:
-    Zhang, Gupta, Lian, Liu. "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016
-    (arXiv:1511.05950).
-    Zheng, Meng, Wang, Chen, Yu, Ma, Liu. "Asynchronous Stochastic Gradient Descent with Delay
-    Compensation", ICML 2017 (arXiv:1609.08326).
+Staleness convention: ``tau = 0`` is synchronous SGD, the performance model's ``S = u - 1 - v``
+(docs/sprint-model.md), so a predicted staleness pmf indexes directly as ``pmf[tau]``. Mitigations: Zhang et
+al., IJCAI 2016 (arXiv:1511.05950, staleness-aware rate); Zheng et al., ICML 2017 (arXiv:1609.08326, DC-ASGD).
 """
 
 from __future__ import annotations

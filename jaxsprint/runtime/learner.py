@@ -7,19 +7,16 @@ that has added its gradient for version ``v`` waits until a newer version is pub
 check mode: then every update holds exactly one gradient of every learner).
 
 Design choices:
-  * Weights travel as ONE flat float32 vector (``jax.flatten_util.ravel_pytree``): the updater publishes one
-    array, a learner copies it to its device once per new version it sees (a no-op on the updater's own
-    device), and the gradient comes back as one vector. Per-step Python work is a few calls; JAX releases
-    the GIL while a computation runs and while ``np.asarray`` waits for it, so the threads overlap.
+  * Weights travel as ONE flat float32 vector (``ravel_pytree``): a learner copies it to its device once per
+    new version it sees, and the gradient comes back as one vector; JAX releases the GIL while a computation
+    runs, so the threads overlap.
   * The gradient function is ``train.make_train_step``'s loss (the same model, the same smoothed
     cross-entropy, the weighted mean over the sub-batch) and the training augmentation of ``data.py``, in
     one jitted program per device. Its result vector is ``[gradient (P) | BN batch statistics (S) | loss |
     correct]``: the node buffer sums all of it in one addition.
   * BatchNorm normalises over the learner's sub-batch (per-device BN). The learner's model is built with
-    ``bn_momentum = 0``, so the "running" statistics it returns ARE the sub-batch's (mean, biased variance)
-    exactly (0 * old + 1 * batch); the updater turns their mean over the update's gradients into the EMA
-    (see `jaxsprint.runtime.updater`). Momentum does not enter the forward pass, so the weights' gradient is
-    that of the model with any momentum.
+    ``bn_momentum = 0``, so the "running" statistics it returns ARE the sub-batch's; the updater turns their
+    mean over the update's gradients into the EMA (`jaxsprint.runtime.updater`).
   * Data: host ``p`` of ``H`` reads the stream ``pipeline.train_index_batches(n, seed, sub_batch * H)``,
     its part ``p``: element ``c`` is the ``c``-th sub-batch this host draws, whichever learner draws it (a
     counter under a lock). The hosts' parts of round ``c`` are disjoint, and the host's stream walks its

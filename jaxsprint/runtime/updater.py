@@ -22,9 +22,8 @@ Stopping: after cycle k the run stops when ``duration_s`` has passed (on any hos
 through the all-reduce, so all hosts stop after the same cycle), or ``num_updates`` versions are published,
 or the applied examples reach ``num_epochs`` x the training-set size, or any thread on any host failed.
 
-Learning rate: the schedule (``optim.make_schedule``) is derived for the NOMINAL mini-batch, sub_batch x
-learners (what one update holds in lockstep mode), by `nominal_hparams`; under asynchrony the realised
-mini-batch varies around N x sub_batch x T_u / T_c and the mean gradient is applied with that rate.
+Learning rate: the schedule is derived for the NOMINAL mini-batch, sub_batch x learners (what one update
+holds in lockstep mode), by `nominal_hparams`, whatever mini-batch an update realises.
 
 The per-update rows (version, global count, swap time, publish time) and the applied gradients' records
 are kept in Python lists (appends only); `jaxsprint.runtime.run` turns them into the event log.

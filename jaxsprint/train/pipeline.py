@@ -13,16 +13,10 @@ ones in the next). Global step k is batch k mod S of epoch k // S; host p reads 
     with the same seed and B, so a multi-host run trains on the same batches as a single-host one;
   * the order depends on (seed, n, B) only: not on the host count, the reader threads or worker processes.
 
-In grain terms: ``MapDataset.range(n).shuffle(seed)[:S B].repeat().batch(b)[p::P].map(read)`` (the
-slice keeps grain's per-epoch reseeding: epoch e reads the first S B positions of permutation e), then
-``to_iter_dataset`` (reader threads, prefetch buffer) and optionally ``mp_prefetch`` (worker processes). The
-elements are whole host batches, so worker processes split batches, never the examples within one; batch
-composition is independent of the worker count.
-
-Why not ``grain.DataLoader`` with ``IndexSampler(shard_options=ShardByJaxProcess())``: the sampler's
-sharding gives every host a fixed contiguous 1/P of the dataset, shuffled within, so host p never sees the
-rest and the global batch differs from the single-host one; and with ``worker_count`` > 0 the DataLoader
-batches within each worker, so batch composition changes with the worker count.
+In grain terms: ``MapDataset.range(n).shuffle(seed)[:S B].repeat().batch(b)[p::P].map(read)``, then
+``to_iter_dataset`` (reader threads, prefetch) and optionally ``mp_prefetch``; the elements are whole host
+batches, so worker processes never change a batch's composition. (``grain.DataLoader`` with
+``ShardByJaxProcess`` would give each host a fixed 1/P of the dataset and batch within each worker.)
 
 Evaluation and polishing (`eval_iterator`): one pass over a split (or a given index subset) in order, the
 last global batch padded with mask 0 so that sums over the split count every example exactly once; grain
