@@ -13,29 +13,21 @@ on the user's data under exactly those draws:
 with the delay through :func:`jaxsprint.emulation.staleness.delayed_gradients` (its ring buffer, warm-up clipping and
 the ``staleness_lr`` mitigation for the ``lr_tau`` rule), ``tau_t`` drawn from the staleness pmf and ``B_t``
 from the mini-batch pmf (in proxy samples). An update with ``B_t = 0`` (an empty updater cycle: the model
-counts it as an update, version numbers advance) changes nothing, so updates count versions and the time of
-``U`` updates is ``U T_u``. Several seeds run in one ``vmap``; the updates are one jitted ``lax.scan`` whose
-compiled program depends only on static sizes (the largest mini-batch, rounded up to a power of two, the
-seeds, the run length), never on the pmfs or the learning rate, so the candidates of one plan share a few
-compilations.
+counts it as an update) changes nothing, so the time of ``U`` updates is ``U T_u``. Several seeds run in one
+``vmap`` of one jitted ``lax.scan`` whose program depends only on static sizes (the largest mini-batch rounded
+up to a power of two, the seeds, the run length), so the candidates of one plan share a few compilations.
 
 **Mini-batch scale.** A cluster mini-batch of ``B`` samples is ``B / scale`` proxy samples; the planner's
-default scale is ``N_file / N_proxy_train`` (an update takes the same fraction of an epoch on both). This is
-the proxy's assumption, stated in every report; with the proxy's own data on this machine the scale is 1.
+default scale is ``N_file / N_proxy_train`` (an update takes the same fraction of an epoch on both), an
+assumption stated in every report.
 
 **Updates to target** (:func:`updates_to_target`): the first update at which the seed-mean test accuracy
-reaches the target, linearly interpolated between evaluations (Shallue et al. 2019, "steps to result":
-the first measurement that crosses the target); ``None`` when the run never reaches it (censored at the run's
-length). Per-seed crossings give the seed spread.
+reaches the target, interpolated between evaluations ("steps to result", Shallue et al., JMLR 2019); ``None``
+when the run never reaches it (censored at its length). Per-seed crossings give the seed spread.
 
 **Cache** (:class:`RunCache`): one JSON file per run, named by the SHA-256 of everything the run depends on
-(data, proxy, optimizer, run length, seeds, and the candidate's statistics (learners, ``T_c``, ``T_u``, jitter,
-sub-batch, scale; 4 significant digits) and learning rate), so a run is
-never trained twice and a changed statistic of one candidate invalidates only its own entry.
-
-References:
-  Shallue et al., "Measuring the effects of data parallelism on neural network training", JMLR 2019.
-  Zhang et al., "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016.
+(data, proxy, optimizer, run length, seeds, the candidate's statistics to 4 significant digits, learning
+rate), so a run is never trained twice and a changed candidate invalidates only its own entry.
 """
 from __future__ import annotations
 
