@@ -5,9 +5,9 @@ gradients to the node's updater through a mutex-protected buffer, and the update
 to the node's learners. Both objects live here.
 
 `NodeBuffer`: every learner ADDS its result vector into one running sum under the mutex (``np.add`` with
-``out=``, in place, no allocation), instead of queueing it for the updater to sum. A probe of this design
-found that a queue summed by the updater fell behind at once (5 s cycles with 8 learners): summing in the
-learners keeps the updater's cycle T_u short and independent of the number of gradients it gathers. The
+``out=``, in place, no allocation), instead of queueing it for the updater to sum (a queue summed by the
+updater fell behind at once, docs/sprint-model.md): summing in the learners keeps the updater's cycle T_u
+short and independent of the number of gradients it gathers. The
 updater's `NodeBuffer.swap` takes the sum, the count and the gradients' records (who, which version was
 read, when) and leaves an empty buffer: every gradient that arrived since the previous swap is in exactly
 one swap. A result vector is ``[gradient (P) | BatchNorm batch statistics (S) | loss | correct]`` in

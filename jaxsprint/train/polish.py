@@ -21,8 +21,8 @@ normalises with the previous pass's result. After p passes the BatchNorms at dep
 longest chain of BatchNorms) are exact, so at most (number of BatchNorms + 1) passes reach the
 self-consistent population statistics -- the statistics train-mode BatchNorm would use with the whole
 polishing set as one batch (tested) -- and the iteration stops as soon as a pass changes no statistic by more
-than `tol` (relative). Stopping early is not safe: measured on a trained ResNet-8, passes 1-4 gave 11-50%
-top-1 where the converged statistics (7 passes) gave 95% and the EMA 93%.
+than `tol` (relative). Stopping early is not safe (docs/final-polishing.md: a few passes can be far worse
+than the EMA).
 
 References:
   Chan, Golub, LeVeque, "Algorithms for computing the sample variance", 1983 (pairwise merge).
