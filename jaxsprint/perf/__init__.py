@@ -16,8 +16,8 @@ Modules:
   space: configuration spaces, targets and their exact evaluation.
   search: gradient-based and grid search over a space.
   sensitivity: elasticities of the epoch time w.r.t. the machine's figures.
-  calibrate: fitting machine figures to measured timings; held-out checks.
-  presets: saved machine presets and measurement files (JSON).
+  fit: the one least-squares helper every fit of the package uses (calibration, the law).
+  presets: machine presets as JSON files (measurement files: :mod:`jaxsprint.calibration.measurements`).
 
 Example::
 
