@@ -291,12 +291,11 @@ def fit(machine: Machine, steps: Sequence[StepTiming] = (),
     def stacked(log_theta):
         return jnp.concatenate(residuals(log_theta))
 
-    sigmoid = lambda u: 1.0 / (1.0 + np.exp(-u))  # noqa: E731
     # Start 0: the machine's values (clipped just inside the bounds); the others at random in the box.
     x0 = np.asarray([math.log(float(getattr(machine, f))) if float(getattr(machine, f)) > 0
                      else lo_np[i] for i, f in enumerate(fields)])
     frac = [np.clip((x0 - lo_np) / (hi_np - lo_np), 0.02, 0.98)]
-    frac += list(sigmoid(np.random.default_rng(seed).normal(size=(max(starts - 1, 0), len(fields))) * 1.5))
+    frac += list(np.random.default_rng(seed).uniform(0.05, 0.95, size=(max(starts - 1, 0), len(fields))))
     res = lsq.least_squares(jax.jit(stacked), lo_np + (hi_np - lo_np) * np.asarray(frac),
                             jac=jax.jit(jax.jacfwd(stacked)), bounds=(lo_np, hi_np),
                             loss="linear" if loss == "squared" else "soft_l1", f_scale=loss_scale,
