@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
@@ -46,8 +47,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json and plan.json are written (optional for a "
                                "plan); with config.runtime_configs, also where the runtime writes its runs.")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
-_PLOT = flags.DEFINE_string("plot", None, "Write a PNG: epoch time against predicted time to accuracy.")
+_JSON, _PLOT = common_flags.JSON, common_flags.PLOT  # --plot: epoch time against predicted time to accuracy
 
 
 def resolve(config) -> dict[str, Any]:

@@ -5,8 +5,8 @@ r"""Final Polishing of an existing run: recompute BN statistics from un-augmente
 
 Reads the latest checkpoint in --workdir (trained with the same --config), prints top-1 accuracy and loss
 with the EMA statistics and with the recomputed ones, side by side, and writes both to
-WORKDIR/polish.json and the polished statistics to WORKDIR/polished_batch_stats/ (orbax). The run's own
-checkpoints are left as they are.
+WORKDIR/polish.json, its resolved config to WORKDIR/polish_config.json and the polished statistics to
+WORKDIR/polished_batch_stats/ (orbax). The run's own checkpoints (and config.json) are left as they are.
 """
 import copy
 import json
@@ -72,6 +72,7 @@ def main(argv):
     if jax.process_index() == 0:
         with open(os.path.join(_WORKDIR.value, "polish.json"), "w") as f:
             json.dump(result, f, indent=2)
+        cli.write_config(_WORKDIR.value, config, name="polish_config.json")  # beside the run's config.json
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(out_dir, stats, force=True)  # replicated global arrays: every process takes part
     ckptr.wait_until_finished()

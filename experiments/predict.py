@@ -28,18 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402,F401 (--machine, --network, ...)
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
-from jaxsprint.perf import collectives, machines, networks, presets, simulate, sprint, zoo  # noqa: E402
+from jaxsprint.perf import collectives, networks, presets, simulate, sprint, zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("machine", None, f"Machine preset: {', '.join(machines.PRESETS)}.")
-flags.DEFINE_string("machine_file", None, "A calibrated machine preset (JSON written by "
-                    "experiments/calibrate.py) instead of --machine (spec mode).")
-flags.DEFINE_string("network", None, f"Network of the zoo: {', '.join(sorted(zoo.ZOO))}.")
 flags.DEFINE_integer("nodes", 1, "Nodes (spec mode).")
 flags.DEFINE_integer("gpus_per_node", None, "Learners per node (spec mode; default: the machine's).")
-flags.DEFINE_string("allreduce", "ring", f"Inter-node all-reduce: {', '.join(collectives.ALGORITHMS)}.")
 flags.DEFINE_integer("workers", None, "Learners N (timings mode).")
 flags.DEFINE_float("t_compute", None, "Mean learner time per sub-batch T_c in seconds (timings mode).")
 flags.DEFINE_float("t_update", None, "Updater cycle T_u in seconds (timings mode).")
@@ -48,11 +44,7 @@ flags.DEFINE_float("t_update_cv", 0.0, "Coefficient of variation of the updater 
 flags.DEFINE_float("t_update_shift", 0.0, "Fixed part of the updater cycle in seconds, in [0, T_u): the cycle is "
                    "this plus a gamma tail (both modes; 0 = a gamma cycle).")
 flags.DEFINE_integer("sub_batch", 32, "Samples per learner step N_Subbatch.")
-flags.DEFINE_integer("dataset_size", sprint.IMAGENET_TRAIN_IMAGES, "Samples per epoch N_File.")
-flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
-flags.DEFINE_string("plot", None, "Write a PNG of both pmfs next to the simulator's histograms.")
 flags.DEFINE_integer("sim_cycles", 20_000, "Updater cycles simulated for --plot.")
-flags.DEFINE_integer("seed", 0, "Simulator seed for --plot.")
 
 JSON_KEYS = ("t_compute_s", "t_update_s", "epoch_time_s", "updates_per_epoch", "mean_minibatch",
              "mean_staleness", "minibatch_pmf", "staleness_pmf")

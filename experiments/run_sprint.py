@@ -11,7 +11,8 @@ cost table). ``--json`` prints one JSON object instead of the table: ``measured`
 ``predicted_from_specs`` (each with ``epoch_time_s``, ``mean_minibatch``, ``mean_staleness``,
 ``minibatch_pmf``, ``staleness_pmf``: value as a string -> probability; ``measured`` also with the cycles,
 ``images_per_s``, ``gradients``, ``updates``), ``errors_from_timings``, ``errors_from_specs`` and
-``eval_accuracy``. ``--events=FILE`` analyses a saved log instead of running.
+``eval_accuracy``. ``--events=FILE`` analyses a saved log instead of running. A run writes its resolved config
+to ``workdir/config.json``.
 
 Multi-host: ``--coordinator_address/--num_processes/--process_id`` (or SLURM) as experiments/train.py; every
 process runs this with the same config, process 0 prints and writes. A bad flag or config value exits with
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
@@ -35,12 +37,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run: events.np
 _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
 _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
-_PLOT = flags.DEFINE_string("plot", None, "Write the measured histograms over the model's pmfs to this "
-                            "image (.png, .pdf or .svg; needs matplotlib).")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
-_MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the prediction from specs.")
-_MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file (experiments/calibrate.py) instead of "
-                                    "--machine.")
+# --plot, --json, --machine (cpu_runtime when neither it nor --machine_file is given), --machine_file.
+_PLOT, _JSON = common_flags.PLOT, common_flags.JSON
+_MACHINE, _MACHINE_FILE = common_flags.MACHINE, common_flags.MACHINE_FILE
+_DEFAULT_MACHINE = "cpu_runtime"
 _SPECS = flags.DEFINE_bool("specs", True, "Also predict from specs (costs a few seconds of XLA cost analysis).")
 _UPDATE_CV = flags.DEFINE_bool("update_cv", True, "Give the model the measured jitter of the updater cycle "
                                "(False: the protocol's fixed cycle).")
@@ -95,15 +95,20 @@ def _check_machine() -> None:
 
     if _MACHINE_FILE.value:
         check(os.path.isfile(_MACHINE_FILE.value), "--machine_file", _MACHINE_FILE.value,
-              "a preset file written by experiments/calibrate.py")
+              "a preset file written by experiments/calibrate.py or experiments/calibrate_runtime.py")
     else:
-        check(_MACHINE.value in machines.PRESETS, "machine", _MACHINE.value, f"one of {', '.join(machines.PRESETS)}")
+        name = _MACHINE.value or _DEFAULT_MACHINE
+        check(name in machines.PRESETS, "machine", name, f"one of {', '.join(machines.PRESETS)}")
 
 
 def _machine():
+    """``(machine, host figures)`` of --machine or --machine_file."""
+    from jaxsprint.calibration import host
     from jaxsprint.perf import presets
 
-    return presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)
+    name = None if _MACHINE_FILE.value else (_MACHINE.value or _DEFAULT_MACHINE)
+    machine = presets.load_machine(name, _MACHINE_FILE.value)
+    return machine, host.load_host(machine, name, _MACHINE_FILE.value)
 
 
 def main(argv):
@@ -138,7 +143,9 @@ def main(argv):
         runtime.validate_config(config, jax.local_device_count())  # before anything is written
         machine = _machine() if specs else None  # a bad preset file is refused before the run too
         logging.info(print_info)
-        result = runtime.run(config, _WORKDIR.value)
+        # The resolved config (every override applied) goes into the workdir once the run has written there.
+        with cli.config_beside_outputs(_WORKDIR.value, config, enabled=jax.process_index() == 0):
+            result = runtime.run(config, _WORKDIR.value)
         log, process_index = result.events, result.process_index
         eval_accuracy = result.eval.get("accuracy")
     if process_index != 0:
@@ -149,7 +156,7 @@ def main(argv):
     if machine is not None:
         network = compare.network_cost(config)
         predictions["specs"] = compare.predict_from_specs(
-            machine, network, config, num_hosts=measured["num_hosts"],
+            *machine, network, config, num_hosts=measured["num_hosts"],
             learners_per_host=measured["learners_per_host"], dataset_size=measured["dataset_size"])
     if _PLOT.value is not None:
         os.makedirs(os.path.dirname(os.path.abspath(_PLOT.value)), exist_ok=True)

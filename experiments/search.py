@@ -26,16 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402,F401 (--machine, --network, ...)
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
-from jaxsprint.perf import collectives, machines, networks, presets, search, sensitivity, sprint, zoo  # noqa: E402
+from jaxsprint.perf import networks, presets, search, sensitivity, zoo  # noqa: E402
 from jaxsprint.perf import space as spaces  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("machine", None, f"Machine preset: {', '.join(machines.PRESETS)}.")
-flags.DEFINE_string("machine_file", None, "A calibrated machine preset (JSON from "
-                    "experiments/calibrate.py) instead of --machine.")
-flags.DEFINE_string("network", None, f"Network of the zoo: {', '.join(sorted(zoo.ZOO))}.")
 flags.DEFINE_float("target_minibatch", None, "Target mean mini-batch B* in samples.")
 flags.DEFINE_float("tolerance", 0.05, "Relative tolerance: |E[B] / B* - 1| <= tolerance.")
 flags.DEFINE_float("max_staleness", None, "Largest allowed mean staleness (default: no limit).")
@@ -44,19 +41,14 @@ flags.DEFINE_integer("max_nodes", None, "Nodes available (default: the machine's
 flags.DEFINE_integer("max_gpus_per_node", None, "Learners per node available (default: the machine's).")
 flags.DEFINE_integer("max_sub_batch", None, "Largest sub-batch (default: the largest that fits).")
 flags.DEFINE_integer("min_sub_batch", 1, "Smallest sub-batch.")
-flags.DEFINE_string("allreduce", "ring", f"Inter-node all-reduce: {', '.join(collectives.ALGORITHMS)}.")
-flags.DEFINE_integer("dataset_size", sprint.IMAGENET_TRAIN_IMAGES, "Samples per epoch N_File.")
 flags.DEFINE_bool("precision", False, "Add a low-precision choice per layer row (2^rows more "
                   "configurations; see jaxsprint.perf.space.Precision).")
 flags.DEFINE_float("low_peak_factor", 989.0 / 67.0, "With --precision: low-precision peak over fp32.")
 flags.DEFINE_float("max_low_fraction", 0.5, "With --precision: largest share of forward FLOPs in "
                    "low precision.")
 flags.DEFINE_integer("starts", 32, "Starting points of the gradient search.")
-flags.DEFINE_integer("seed", 0, "Seed of the starting points.")
 flags.DEFINE_bool("grid", False, "Also run the exhaustive grid search and compare.")
 flags.DEFINE_bool("sensitivities", False, "Print d log(epoch time) / d log(figure) at the result.")
-flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
-flags.DEFINE_string("plot", None, "Write a PNG of the search on the epoch-time / mini-batch plane.")
 
 
 # Starting points of the gradient search at most: each carries its Adam state through one vmapped call.

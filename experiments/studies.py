@@ -20,7 +20,7 @@ from jaxsprint.train import parallel, settings, trainer
 from jaxsprint.errors import ConfigError, NonFiniteError, check
 
 __all__ = ["fmt_cell", "load_json", "loss_curve", "markdown_table", "mean_std", "pyplot", "require_study",
-           "run_cell", "save_json", "validate_cells", "write_markdown", "check_out"]
+           "run_cell", "save_json", "validate_cells", "write_config", "write_markdown", "check_out"]
 
 
 def require_study(base, fields: Sequence[str], flag: str = "--config") -> None:
@@ -51,17 +51,25 @@ def validate_cells(configs: Iterable[tuple[str, Any]]) -> int:
 
 
 def check_out(prefix: str, flag: str = "--out") -> None:
-    """Checks that the study can write ``prefix.json``, ``.md`` and ``.png`` (nothing is created).
+    """Checks that the study can write ``prefix.json``, ``.md``, ``.png`` and ``.config.json`` (nothing is
+    created).
 
     Raises:
       ConfigError: named `flag`: an empty prefix, or a path whose directory is a file or cannot be created.
     """
     check(bool(prefix), flag, prefix, "an output prefix such as docs/polish-study")
-    for ext in (".json", ".md", ".png"):
+    for ext in (".json", ".md", ".png", ".config.json"):
         try:
             cli.check_output_file(flag, prefix + ext)
         except ConfigError as e:
             raise ConfigError(flag, prefix, e.allowed) from None
+
+
+def write_config(prefix: str, config) -> str:
+    """Writes the study's resolved config (the file's values with every override) to ``prefix.config.json``,
+    beside the results it produces; returns the path."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    return cli.write_config(directory, config, name=os.path.basename(prefix) + ".config.json")
 
 
 def _jsonable(value: Any) -> bool:

@@ -3,7 +3,8 @@ r"""Asynchronous-SGD study: final accuracy and loss curves vs mean staleness, pe
   python experiments/study_async.py --config=experiments/configs/async_study.py --out=docs/async-study
 
 Writes OUT.json (every run; resumable), OUT.md (mean ± std top-1 over seeds) and OUT.png (final accuracy vs
-staleness, and loss curves for the constant-staleness runs). Every cell's config is checked before the first
+staleness, and loss curves for the constant-staleness runs), and OUT.config.json (the resolved config, with
+every --config.<field> override). Every cell's config is checked before the first
 runs: a bad value (an unknown distribution or mitigation too) ends the study at once with exit status 2.
 """
 import copy
@@ -92,6 +93,7 @@ def main(argv):
     studies.check_out(_OUT.value)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
+    studies.write_config(_OUT.value, base)
     for key, config in todo:
         if key in results:
             continue

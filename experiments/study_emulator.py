@@ -12,7 +12,8 @@ For every configuration of ``config.study`` (learners, emulated network time) an
      staleness pmf (``sampler="pmf"``) and its sub-batch count from the measured count pmf conditioned on
      K >= 1 (``num_sub_batches`` = the largest count seen, ``k_pmf``), BatchNorm over groups of one sub-batch,
      for as many updates as the runtime run applied (its non-empty cycles: an empty cycle changes nothing).
-Writes OUT.json (every run; resumable), OUT.md (accuracy mean ± std over seeds per configuration and mode).
+Writes OUT.json (every run; resumable), OUT.md (accuracy mean ± std over seeds per configuration and mode) and
+OUT.config.json (the resolved config).
 ``--quick`` runs one small configuration and one seed (a few updates) to check the pipeline.
 
 Differences that remain by construction (say them with the numbers): the emulator delays a whole update by
@@ -184,8 +185,10 @@ def main(argv):
     if _QUICK.value and base is not None:
         base = quick_config(base)
     validate_study(base, len(jax.local_devices()))
+    studies.check_out(_OUT.value)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
+    studies.write_config(_OUT.value, base)
     s = base.study
     for i, name in enumerate(s.names):
         for seed in s.seeds:

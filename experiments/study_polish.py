@@ -4,8 +4,8 @@ r"""Final Polishing study: top-1 vs global batch for polish modes none / recompu
       --config=experiments/configs/polish_study.py --out=docs/polish-study
 
 Writes OUT.json (every run, resumable: finished cells are not rerun), OUT.md (mean ± std of top-1 over seeds
-per cell) and OUT.png (accuracy vs batch size, one line per mode). Every cell's config is checked before the
-first runs: a bad value ends the study at once with exit status 2.
+per cell), OUT.png (accuracy vs batch size, one line per mode) and OUT.config.json (the resolved config).
+Every cell's config is checked before the first runs: a bad value ends the study at once with exit status 2.
 """
 import copy
 import os
@@ -73,6 +73,7 @@ def main(argv):
     studies.check_out(_OUT.value)
     path = _OUT.value + ".json"
     results = studies.load_json(path, dict)
+    studies.write_config(_OUT.value, base)
     for key, config in todo:
         if key in results:
             continue

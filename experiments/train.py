@@ -5,6 +5,7 @@ r"""Trains and evaluates a model as an ml_collections config says.
 
 Multi-host: under SLURM (more than one task) or with --coordinator_address/--num_processes/--process_id,
 jax.distributed.initialize() is called first. A bad flag or config value exits with status 2 and one message.
+The resolved config (the file's values with every override) is written to WORKDIR/config.json.
 """
 import os
 import sys
@@ -54,7 +55,11 @@ def main(argv):
     # Every setting, and the estimated memory, before the data is read or the workdir is touched.
     settings.validate_run(config, parallel.make_mesh(config.num_devices).size)
     logging.info(allocator)
-    summary = trainer.train_and_evaluate(config, _WORKDIR.value)
+    import jax
+
+    # The resolved config (every override applied) goes into the workdir once the run has written there.
+    with cli.config_beside_outputs(_WORKDIR.value, config, enabled=jax.process_index() == 0):
+        summary = trainer.train_and_evaluate(config, _WORKDIR.value)
     print(metrics.format_summary(summary))
     logging.info("summary written to %s", os.path.join(_WORKDIR.value, "summary.json"))
 

@@ -20,7 +20,8 @@ from absl import app, flags
 
 from jaxsprint.errors import ConfigError, JaxsprintError
 
-__all__ = ["as_config_fields", "check_output_dir", "check_output_file", "fail", "float_list", "guarded",
+__all__ = ["as_config_fields", "check_output_dir", "check_output_file", "config_beside_outputs", "fail",
+           "float_list", "guarded",
            "parse_flags", "run", "text_list", "write_config"]
 
 
@@ -233,6 +234,24 @@ def write_config(directory: str, config, name: str = "config.json", **extra) -> 
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     return path
+
+
+def _listing(directory: str) -> set[str]:
+    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
+
+
+@contextlib.contextmanager
+def config_beside_outputs(directory: str, config, name: str = "config.json", enabled: bool = True):
+    """Writes the resolved `config` into `directory` when the body has written anything there (at the end of
+    the body, also when it raises): a run that is refused before it writes (bad data, a bad checkpoint) leaves
+    the directory as it was, and every run that wrote results has the config that produced them (a resumed
+    run, whose directory already had one, rewrites it)."""
+    before = _listing(directory) if enabled else set()
+    try:
+        yield
+    finally:
+        if enabled and (_listing(directory) - before - {name} or name in before):
+            write_config(directory, config, name=name)
 
 
 def guarded(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:

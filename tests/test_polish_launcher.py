@@ -30,6 +30,7 @@ def test_polishes_the_latest_checkpoint_of_a_run(tmp_path):
     assert result["step"] == 6 and result["num_samples"] == 200 and result["num_passes"] >= 1
     assert 0.0 <= result["ema_accuracy"] <= 1.0 and 0.0 <= result["polished_accuracy"] <= 1.0
     assert (tmp_path / "polished_batch_stats").is_dir()
+    assert json.loads((tmp_path / "polish_config.json").read_text())["polish"]["num_samples"] == 200
     assert _tree(tmp_path / "checkpoints") == checkpoints  # the run's own checkpoints are left as they are
 
 

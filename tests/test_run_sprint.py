@@ -49,6 +49,8 @@ def test_a_real_run_prints_the_json_report_and_draws_the_plot(tmp_path):
     assert plot.stat().st_size > 0
     stats = events.statistics(events.load(str(workdir / "events.npz")))  # the log on disk is consistent
     assert stats["gradients"] == m["gradients"]
+    written = json.loads((workdir / "config.json").read_text())  # the resolved config, overrides applied
+    assert written["sprint"]["duration_s"] == 3 and written["sprint"]["warmup_s"] == 0.5
 
 
 def test_a_saved_log_is_analysed_without_running(tmp_path):

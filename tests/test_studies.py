@@ -91,3 +91,15 @@ def test_run_cell_returns_a_json_summary_with_the_loss_curve():
 def test_run_cell_reports_divergence_instead_of_raising():
     r = studies.run_cell(_config(**{"lr.base": 1e30, "num_train_steps": 6}))
     assert r["diverged"] is True and 1 <= r["diverged_step"] <= 6 and math.isnan(r["eval_accuracy"])
+
+
+def test_check_out_and_write_config(tmp_path):
+    """The resolved config goes beside a study's results, as PREFIX.config.json; check_out covers that file."""
+    c = _config(seed=3)
+    path = studies.write_config(str(tmp_path / "out" / "study"), c)
+    assert path == str(tmp_path / "out" / "study.config.json")
+    written = json.loads((tmp_path / "out" / "study.config.json").read_text())
+    assert written["seed"] == 3 and written["num_train_steps"] == 2 and written["lr"]["base"] == c.lr.base
+    (tmp_path / "taken.config.json").mkdir()
+    with pytest.raises(ConfigError, match="--out"):
+        studies.check_out(str(tmp_path / "taken"))

@@ -37,6 +37,9 @@ def test_tiny_study_writes_results_table_and_resumes(tmp_path):
     assert all(not x["diverged"] and 0.0 <= x["eval_accuracy"] <= 1.0 for x in results.values())
     table = (tmp_path / "study.md").read_text()
     assert "| mean staleness | distribution | none top-1 % |" in table and "| 2 | geometric |" in table
+    written = json.loads((tmp_path / "study.config.json").read_text())  # the resolved config, overrides applied
+    assert written["model"] == "tiny" and written["study"]["kinds"] == ["constant", "geometric"]
+    assert written["study"]["mean_staleness"] == [0, 2] and written["num_train_steps"] == 2
     again = _run(f"--config={CONFIG}", f"--out={out}", *_overrides())
     assert again.returncode == 0 and "tau" not in again.stdout.split("Model")[0]  # nothing rerun
 

@@ -68,6 +68,9 @@ def test_quick_study_end_to_end(tmp_path):
     table = (tmp_path / "study.md").read_text()
     sub = emulator_study.get_config().sprint.sub_batch
     assert "| config | learners | sub-batch | network ms |" in table and f"| quick | 2 | {sub} | 10 |" in table
+    written = json.loads((tmp_path / "study.config.json").read_text())  # the resolved (quick) config
+    assert written["model"] == "tiny" and written["study"]["names"] == ["quick"]
+    assert written["study"]["num_updates"] == 6
 
 
 @pytest.mark.slow  # a subprocess that starts JAX: about a minute on the loaded machine

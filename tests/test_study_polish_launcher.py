@@ -37,6 +37,8 @@ def test_tiny_study_writes_results_and_table(tmp_path):
         assert not x["diverged"] and 0.0 <= x["eval_accuracy"] <= 1.0 and 0.0 <= x["eval_polished_accuracy"] <= 1.0
     table = (tmp_path / "study.md").read_text()
     assert "| global batch | per device (ghost BN) |" in table and "| 64 | 8 |" in table
+    written = json.loads((tmp_path / "study.config.json").read_text())  # the resolved config, overrides applied
+    assert written["model"] == "tiny" and written["study"]["batch_sizes"] == [64] and written["image_size"] == 8
 
 
 @pytest.mark.parametrize("args,message", [

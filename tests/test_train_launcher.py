@@ -29,6 +29,8 @@ def test_launcher_trains_on_builtin_data(tmp_path, dataset):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("eval_accuracy" in x for x in lines) and any("train_loss" in x for x in lines)
     assert (tmp_path / "checkpoints").is_dir() and any((tmp_path / "checkpoints").iterdir())
+    written = json.loads((tmp_path / "config.json").read_text())  # the resolved config, the override applied
+    assert written["dataset"] == dataset and written["model"] == "tiny" and written["lr"]["base"] > 0
 
 
 # The first five, one launcher process each, are slow (CI's second step): the same flags are cases of
