@@ -21,7 +21,7 @@ prediction errors, estimates the compute-time jitter (cv) and saves the preset w
 ``--out`` (default under ``runs/``, not in the package).
 
 ``--measurements`` also reads the small-CNN calibration set ``docs/perf-calibration.json``; the figures of the
-``cpu`` preset are fitted from it by the command in :data:`jaxsprint.perf.machines.CPU_CALIBRATION_COMMAND`.
+``cpu`` preset are fitted from it by the ``command`` stored in its file, ``jaxsprint/perf/data/cpu.json``.
 Bad input exits with status 2 and one message naming the flag.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` preset's calibration.
 
-  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json      # about 10 min, quiet machine
-  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only   # refit stored data
-  python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json --fit_only \
+  python experiments/calibrate_runtime.py --out=PRESET.json      # about 10 min, quiet machine
+  python experiments/calibrate_runtime.py --out=PRESET.json --fit_only   # refit the stored --measurements
+  python experiments/calibrate_runtime.py --out=jaxsprint/perf/data/cpu_runtime.json --fit_only \
       --runs_from=docs/runtime-calibration-runs/results.json   # stage 3 on validate_runtime.py --grid=calibration
 
 The calibration set (``jaxsprint.calibration.timing`` and ``jaxsprint.runtime`` on the machine at hand):
@@ -20,9 +20,11 @@ the stored runs, so that a later ``--fit_only`` refits the same set. Prefer them
 sub-batch) leave the two-host figures unfitted and the sub-batch dependence of a step's cores unconstrained
 (docs/sprint-runtime.md measured them predicting the validation grid 41% off in the mean mini-batch). Then
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures
-(and both cvs), starting from the ``cpu_runtime`` preset. ``--out`` gets the measurements, the fit and the
-preset (a ``--machine_file`` for the launchers); the script prints the ``CPU_RUNTIME_CALIBRATION`` block for
-``jaxsprint/perf/machines.py``.
+(and both cvs), starting from the ``cpu_runtime`` preset and holding the figures the data cannot determine
+(``host_fit.FIXED``) at their documented values. ``--measurements`` gets the measurements (read back by
+``--fit_only``; rewritten with ``--runs_from``'s runs); ``--out`` the preset: every figure of the machine and of
+its host (``host`` section) with its source, the relative standard error of every fitted one and the fit's
+summary, a ``--machine_file`` for the launchers (the shipped one is ``jaxsprint/perf/data/cpu_runtime.json``).
 """
 import os
 import sys
@@ -39,8 +41,10 @@ from jaxsprint import cli  # noqa: E402
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs", "sprint.py"),
                                           "SPRINT config (network, data, optimizer).")
-_OUT = flags.DEFINE_string("out", "docs/runtime-calibration.json", "Measurements, fit and preset (JSON).")
-_FIT_ONLY = flags.DEFINE_bool("fit_only", False, "Refit the measurements stored in --out; measure nothing.")
+_MEASUREMENTS = flags.DEFINE_string("measurements", "docs/runtime-calibration.json", "The measurements (JSON): "
+                                    "written when measuring, read by --fit_only.")
+_OUT = flags.DEFINE_string("out", "runs/runtime-preset.json", "The fitted preset (JSON, a --machine_file).")
+_FIT_ONLY = flags.DEFINE_bool("fit_only", False, "Refit the measurements stored in --measurements; measure nothing.")
 _SUB_BATCHES = flags.DEFINE_list("sub_batches", ["8", "16", "32", "64", "128"], "Single-learner sub-batches.")
 _LEARNERS = flags.DEFINE_list("learners", ["1", "2", "4", "8"], "Learner counts of the runtime runs.")
 _NETWORK_TIMES = flags.DEFINE_list("network_times", ["0", "0.02"], "Emulated network times of the runs (s).")
@@ -55,7 +59,7 @@ _RUNS_FROM = flags.DEFINE_string("runs_from", None, "A results.json of experimen
                                  "measured here then.")
 _ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
 
-from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa: E402  (a --machine_file too)
+from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa: E402  (the measurement file)
 
 
 def _numbers(name, values, kind, lo):
@@ -150,8 +154,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 def fit(config, measurements):
     """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
-    from jaxsprint.calibration import timing
-    from jaxsprint.calibration import model_fit, host_fit
+    from jaxsprint.calibration import host, host_fit, model_fit, timing
     from jaxsprint.perf import machines
 
     import numpy as np
@@ -163,20 +166,41 @@ def fit(config, measurements):
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
     runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
-    result = host_fit.fit_all(machines.get("cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
-                                         step_cores=float(np.median(cores)) if cores else None)
-    return result
+    start = machines.get("cpu_runtime")
+    return host_fit.fit_all(start, host.load_host(start, "cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
+                            step_cores=float(np.median(cores)) if cores else None, fixed=host_fit.FIXED)
 
 
-def preset_block(fitted):
-    """The ``CPU_RUNTIME_CALIBRATION`` block for jaxsprint/perf/machines.py (4 significant digits)."""
-    from jaxsprint.perf import machines
-    from jaxsprint.calibration import host_fit
+def save_preset(path, result, command, measurements_path):
+    """Writes the fitted machine and host as a preset (module docstring): fitted figures to 4 significant digits,
+    each with its source (the command and the data; fixed ones their reason; the rest the start preset's)."""
+    import math
 
-    keys = [k for k in machines.CPU_RUNTIME_CALIBRATION if k in fitted]
-    keys += [k for k in host_fit.RUNTIME_FIELDS if k in fitted and k not in keys]  # figures new to it
-    body = ", ".join(f"{k}={float(f'{fitted[k]:.4g}')!r}" for k in keys)
-    return f"CPU_RUNTIME_FITTED = True\nCPU_RUNTIME_CALIBRATION = dict({body})"
+    from jaxsprint.calibration import host, host_fit
+    from jaxsprint.perf import machines, presets
+
+    fitted = {f: float(f"{v:.4g}") for f, v in result.fitted.items()}
+    cvs = ("learner_cv", "updater_cv")
+
+    def source(f, old):
+        if f in host_fit.FIXED:
+            return host_fit.FIXED[f][1]
+        if f not in fitted:
+            return old
+        if f in cvs:
+            return f"median over the runs of {measurements_path}, by `{command}`"
+        se = result.rel_std_error.get(f, math.inf)
+        return f"fitted by `{command}` on {measurements_path} (relative standard error {se:.2g})"
+
+    m = machines.with_figures(result.machine, **{f: v for f, v in fitted.items() if f in machines.FIELDS})
+    m = m.replace(sources=tuple((f, source(f, s)) for f, s in m.sources))
+    h = host.with_figures(result.host, **{f: v for f, v in fitted.items() if f in host.FIELDS})
+    h = h.replace(sources=tuple((f, source(f, s)) for f, s in h.sources))
+    rse = {f: result.rel_std_error.get(f, math.inf) for f in fitted if f not in cvs}
+    presets.save_preset(path, m, host=host.host_json(h), command=command, measurements=measurements_path,
+                        fitted=sorted(fitted), fixed={f: v for f, (v, _) in host_fit.FIXED.items()},
+                        rel_std_error={f: (v if math.isfinite(v) else None) for f, v in rse.items()},
+                        fit=result.summary())
 
 
 def main(argv):
@@ -186,15 +210,16 @@ def main(argv):
     from jaxsprint.calibration import model_fit
 
     config = _CONFIG.value
-    out = _OUT.value
+    out, meas_path = _OUT.value, _MEASUREMENTS.value
     given_runs = runs_from(_RUNS_FROM.value) if _RUNS_FROM.value else None  # read and checked before anything
     if _FIT_ONLY.value:
-        data = studies.load_json(out, dict)
-        check(data.get("format") == FORMAT and "measurements" in data, "--out", out,
+        data = studies.load_json(meas_path, dict)
+        check(data.get("format") == FORMAT and "measurements" in data, "--measurements", meas_path,
               f"a file written by this script (format {FORMAT!r}) to refit with --fit_only")
         meas = data["measurements"]
         if given_runs is not None:
             meas = dict(meas, runs=given_runs)
+            studies.save_json(meas_path, dict(format=FORMAT, measurements=meas))  # a later --fit_only: the same set
     else:
         sub_batches = _numbers("sub_batches", _SUB_BATCHES.value, int, 1)
         learners = _numbers("learners", _LEARNERS.value, int, 1)
@@ -213,19 +238,17 @@ def main(argv):
 
         runtime.validate_config(probe, len(jax.local_devices()))
         meas = measure(config, sub_batches, learners, network_times, runs=given_runs)
-        studies.save_json(out, dict(format=FORMAT, measurements=meas))  # the data first, whatever the fit does
+        studies.save_json(meas_path, dict(format=FORMAT, measurements=meas))  # the data first, whatever the fit does
     result = fit(config, meas)
-    machine = result.machine
-    figures = {f: float(getattr(machine, f)) for f in type(machine).__dataclass_fields__ if f not in
-               ("name", "description", "sources")}
-    studies.save_json(out, dict(format=FORMAT, measurements=meas, fit=result.summary(), figures=figures,
-                                command=" ".join(["python experiments/calibrate_runtime.py"] + sys.argv[1:])))
+    save_preset(out, result, " ".join(["python experiments/calibrate_runtime.py"] + sys.argv[1:]), meas_path)
     print(f"stage errors: compute {result.stages.get('compute', {}).get('steps')}, "
           f"network {result.stages.get('network', {}).get('allreduces')}")
     print(f"runs: T_c {model_fit.error_stats(result.compute_errors)}, T_u {model_fit.error_stats(result.update_errors)}")
     for f, v in result.fitted.items():
-        print(f"  {f:36s} {v:12.4g}")
-    print("\n# for jaxsprint/perf/machines.py:\n" + preset_block(result.fitted))
+        se = result.rel_std_error.get(f)
+        print(f"  {f:36s} {v:12.4g}  " + (f"relative standard error {se:.3g}" if se is not None else "(median)")
+              + ("  AT A BOUND" if f in result.at_bound else ""))
+    print(f"preset: {out}")
 
 
 if __name__ == "__main__":

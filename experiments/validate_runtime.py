@@ -130,7 +130,7 @@ def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
     network = compare.network_cost(config)
     out = {}
     for name, hosts, lph, b, net_ms in grid:
-        tc, tu, _, _ = compare.spec_times(network, machine, learners_per_host=lph, num_hosts=hosts, sub_batch=b,
+        tc, tu, _, _ = compare.spec_times(network, *machine, learners_per_host=lph, num_hosts=hosts, sub_batch=b,
                                           network_time_s=net_ms / 1e3)
         out[name] = (tc, tu)
     return out
@@ -327,7 +327,8 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     """Rows of :func:`main`'s ``results.json`` recomputed from every ``out/runs/<name>/events.npz``.
 
     Each run: ``events.statistics`` of its log, the model from timings, and from specs (``config`` with
-    ``overrides`` and the log's learners per host, hosts, sub-batch and network time) with ``machine``
+    ``overrides`` and the log's learners per host, hosts, sub-batch and network time) with ``machine`` (a
+    ``(Machine, HostFigures)`` pair)
     (``specs="preset"``) or, leave one out, with ``machine`` refitted to the measured cycles of every other
     run (``specs="loo"``, :func:`jaxsprint.calibration.host_fit.cross_validate`). The old
     ``results.json`` (if any) gives each run's duration and evaluation accuracy and the overrides.
@@ -364,7 +365,7 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
     if specs == "loo" and len(names) >= 2:
         runs = [host_fit.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n})
                 for n in names]
-        machines = dict(zip(names, host_fit.cross_validate(machine, network, runs)))
+        machines = dict(zip(names, host_fit.cross_validate(*machine, network, runs)))
     for name in names:
         try:
             m = stats[name]
@@ -372,7 +373,7 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
                                    f"--config.sprint.sub_batch={m['sub_batch']}",
                                    f"--config.sprint.network_time_s={m['network_time_s']}"])
             preds = {"timings": compare.predict_from_timings(m),
-                     "specs": compare.predict_from_specs(machines[name], network, cfg, num_hosts=m["num_hosts"],
+                     "specs": compare.predict_from_specs(*machines[name], network, cfg, num_hosts=m["num_hosts"],
                                                          learners_per_host=m["learners_per_host"],
                                                          dataset_size=m["dataset_size"])}
         except Exception as e:  # noqa: BLE001 -- one broken log does not end the re-analysis; it is reported
@@ -427,9 +428,12 @@ def main(argv):
     overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
     if _UPDATER_DEVICE.value == "own" and _OWN_UPDATER not in overrides:
         overrides.append(_OWN_UPDATER)
+    from jaxsprint.calibration import host
     from jaxsprint.perf import presets
 
-    machine = presets.load_machine(None if _MACHINE_FILE.value else _MACHINE.value, _MACHINE_FILE.value)
+    name = None if _MACHINE_FILE.value else _MACHINE.value
+    machine = presets.load_machine(name, _MACHINE_FILE.value)
+    machine = (machine, host.load_host(machine, name, _MACHINE_FILE.value))  # with its host figures
     if _REANALYSE.value:
         check(os.path.isdir(os.path.join(_OUT.value, "runs")), "--out", _OUT.value,
               "a folder with saved runs (runs/<name>/events.npz) for --reanalyse")

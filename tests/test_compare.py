@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from jaxsprint.errors import ConfigError
-from jaxsprint.perf import machines, sprint, zoo
-from jaxsprint.calibration import compare
+from jaxsprint.perf import machines, zoo
+from jaxsprint.calibration import compare, host
 from jaxsprint.runtime import events
 
 
@@ -73,8 +73,6 @@ def test_predict_refuses_bad_timings():
 
 @pytest.mark.parametrize("n,tu,cv,ucv", [(4, 0.37, 0.3, 0.0), (3, 1.7, 0.2, 0.0), (4, 0.37, 0.3, 0.5)])
 def test_predictions_from_timings_of_simulated_runs_are_near_exact(n, tu, cv, ucv):
-    if ucv and "update_cv" not in compare.inspect.signature(sprint.distributions).parameters:
-        pytest.skip("the model has no updater jitter (update_cv)")
     ev = events.simulate_log(n, 1.0, tu, cv, ucv, duration_s=20_000 * max(tu, 1.0 / n), warmup_s=5.0, sub_batch=8,
                              dataset_size=5000, seed=4)
     stats = events.statistics(ev)
@@ -86,8 +84,6 @@ def test_predictions_from_timings_of_simulated_runs_are_near_exact(n, tu, cv, uc
 
 
 def test_updater_jitter_matters_when_the_model_has_it():
-    if "update_cv" not in compare.inspect.signature(sprint.distributions).parameters:
-        pytest.skip("the model has no updater jitter (update_cv)")
     ev = events.simulate_log(4, 1.0, 0.37, 0.3, 0.5, duration_s=5000.0, warmup_s=5.0, sub_batch=8, seed=5)
     stats = events.statistics(ev)
     with_jitter = compare.compare(stats, compare.predict_from_timings(stats))
@@ -102,15 +98,17 @@ class _Sprint(dict):
 def test_predict_from_specs_uses_the_spec_times():
     network = zoo.resnet_cifar(1)
     machine = machines.get("cpu_runtime")
+    host_figures = host.load_host(machine, "cpu_runtime")
     config = _Sprint(sprint=_Sprint(learners_per_host=None, sub_batch=32, network_time_s=0.02))
-    p = compare.predict_from_specs(machine, network, config, num_hosts=2, learners_per_host=3, dataset_size=1500)
-    tc, tu, cv, ucv = compare.spec_times(network, machine, learners_per_host=3, num_hosts=2, sub_batch=32,
+    p = compare.predict_from_specs(machine, host_figures, network, config, num_hosts=2, learners_per_host=3,
+                                   dataset_size=1500)
+    tc, tu, cv, ucv = compare.spec_times(network, machine, host_figures, learners_per_host=3, num_hosts=2, sub_batch=32,
                                          network_time_s=0.02)
     assert (p["t_compute_s"], p["t_update_s"], p["t_compute_cv"], p["t_update_cv"]) == (tc, tu, cv, ucv)
     assert tu > 0.02  # the emulated network time is part of the updater cycle
     assert p["epoch_time_s"] == pytest.approx(1500 * tc / (6 * 32), rel=1e-6)
     with pytest.raises(ConfigError, match="invalid learners_per_host=None"):
-        compare.predict_from_specs(machine, network, config, dataset_size=1500)
+        compare.predict_from_specs(machine, host_figures, network, config, dataset_size=1500)
 
 
 def test_report_is_json_with_string_keys_and_no_nan():

@@ -5,24 +5,32 @@ import functools
 import numpy as np
 import pytest
 
+from jaxsprint.calibration import host as hf
 from jaxsprint.calibration import model_fit, host_fit as rc
 from jaxsprint.perf import times, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
 
 NET = zoo.get("resnet8")
-TRUE = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=2e-3, learner_step_cores=1.6,
-                       learner_step_cores_half_batch=24.0, updater_overhead_s=4e-4, updater_per_learner_s=8e-4,
-                       updater_cores=0.3, updater_hosts_stretch=1.5, updater_queue=0.3, updater_apply_s=1.5e-3,
-                       learner_cv=0.25, updater_cv=1.5)
+HOST = hf.load_host(mc.get("cpu_runtime"), "cpu_runtime")
+# The figures that make the runs: a machine and its host figures.
+TRUE = (mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=4e-4),
+        hf.with_figures(HOST, learner_overhead_s=2e-3, learner_step_cores=1.6, learner_step_cores_half_batch=24.0,
+                        updater_per_learner_s=8e-4, updater_cores=0.3, updater_hosts_stretch=1.5, updater_queue=0.3,
+                        updater_apply_s=1.5e-3, learner_cv=0.25, updater_cv=1.5))
 # Where the fits start: the preset with a measured lone step's cores (1.3; fitted from there).
-START = mc.with_figures(mc.get("cpu_runtime"), learner_step_cores=1.3)
+START = (mc.get("cpu_runtime"), hf.with_figures(HOST, learner_step_cores=1.3))
+
+
+def _figure(pair, f):
+    machine, host = pair
+    return float(getattr(host if f in hf.FIELDS else machine, f))
 CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0, 0.02)] + [
     (2, 2, 32, 0.0), (1, 2, 16, 0.02), (4, 2, 32, 0.02), (4, 1, 128, 0.005), (8, 1, 8, 0.0)]
 
 
-def _runs(machine):
-    t = rc.predict_runs(machine, NET, [rc.RuntimeRun(*c, 1.0, 1.0) for c in CONFIGS])
+def _runs(pair):
+    t = rc.predict_runs(*pair, NET, [rc.RuntimeRun(*c, 1.0, 1.0) for c in CONFIGS])
     return [rc.RuntimeRun(*c, float(tc), float(tu), float(cc), float(cu), label=str(c))
             for c, tc, tu, cc, cu in zip(CONFIGS, t.t_compute_s, t.t_update_s, t.t_compute_cv, t.t_update_cv)]
 
@@ -34,55 +42,55 @@ def _true_runs():
 
 
 def test_fit_runtime_recovers_the_figures_that_made_the_runs():
-    r = rc.fit_runtime(START, NET, list(_true_runs()))
+    r = rc.fit_runtime(*START, NET, list(_true_runs()))
     assert rc.STEP_CORES_FIELD in rc.RUNTIME_FIELDS and "updater_apply_s" in rc.RUNTIME_FIELDS
     for f in rc.RUNTIME_FIELDS + ("learner_cv", "updater_cv"):
-        assert r.fitted[f] == pytest.approx(float(getattr(TRUE, f)), rel=1e-3), f
-        assert float(getattr(r.machine, f)) == pytest.approx(r.fitted[f], rel=1e-6)
+        assert r.fitted[f] == pytest.approx(_figure(TRUE, f), rel=1e-3), f
+        assert _figure((r.machine, r.host), f) == pytest.approx(r.fitted[f], rel=1e-6)
     assert np.max(np.abs(r.compute_errors)) < 1e-4 and np.max(np.abs(r.update_errors)) < 1e-4
     assert r.summary()["compute"]["n"] == len(CONFIGS)
 
 
 def test_predict_runs_is_runtime_times_per_run():
     runs = list(_true_runs())
-    got = rc.predict_runs(TRUE, NET, runs)
+    got = rc.predict_runs(*TRUE, NET, runs)
     for i, r in enumerate(runs[:3]):
-        one = times.runtime_times(NET, TRUE, learners_per_host=r.learners_per_host, hosts=r.hosts,
-                                  sub_batch=r.sub_batch, network_time_s=r.network_time_s)
+        one = hf.runtime_times(NET, *TRUE, learners_per_host=r.learners_per_host, hosts=r.hosts,
+                               sub_batch=r.sub_batch, network_time_s=r.network_time_s)
         assert float(got.t_compute_s[i]) == pytest.approx(float(one.t_compute_s), rel=1e-5)
         assert float(got.t_update_s[i]) == pytest.approx(float(one.t_update_s), rel=1e-5)
 
 
 def test_fit_all_stages_and_a_subset_keeps_the_rest():
-    steps = [model_fit.StepTiming(NET, b, float(times.compute_time_s(NET, TRUE, b, 1)), 0.0) for b in (8, 32, 128)]
+    steps = [model_fit.StepTiming(NET, b, float(times.compute_time_s(NET, TRUE[0], b, 1)), 0.0) for b in (8, 32, 128)]
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
-    assert float(mc.get("cpu_runtime").learner_step_cores) != pytest.approx(1.6, rel=0.05)
-    r = rc.fit_all(mc.get("cpu_runtime"), NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
+    assert float(HOST.learner_step_cores) != pytest.approx(1.6, rel=0.05)
+    r = rc.fit_all(mc.get("cpu_runtime"), HOST, NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
     assert set(rc.COMPUTE_FIELDS + rc.RUNTIME_FIELDS) <= set(r.fitted)
     assert r.stages["step_cores"] == 1.3
     assert r.fitted[rc.STEP_CORES_FIELD] == pytest.approx(1.6, rel=0.02)
-    assert float(r.machine.learner_step_cores) == pytest.approx(r.fitted[rc.STEP_CORES_FIELD], rel=1e-6)
+    assert float(r.host.learner_step_cores) == pytest.approx(r.fitted[rc.STEP_CORES_FIELD], rel=1e-6)
     assert r.fitted["efficiency_bwd_data"] == r.fitted["efficiency_fwd"]  # tied
     assert r.summary()["update"]["median_abs_error"] < 0.01
     assert set(r.stages) == {"step_cores", "compute", "runtime"}
     assert r.summary()["compute"]["median_abs_error"] < 0.01  # stage 1 is near-exact, so the runs are reproduced
     with raises_invalid("step_cores", 0.0, "a finite number > 0"):
-        rc.fit_all(mc.get("cpu_runtime"), NET, runs=list(_true_runs()), step_cores=0.0)
+        rc.fit_all(mc.get("cpu_runtime"), HOST, NET, runs=list(_true_runs()), step_cores=0.0)
     start = mc.get("cpu_runtime")
-    sub = rc.fit_runtime(start, NET, list(_true_runs()), fields=["learner_step_cores"], fit_cvs=False)
+    sub = rc.fit_runtime(start, HOST, NET, list(_true_runs()), fields=["learner_step_cores"], fit_cvs=False)
     assert set(sub.fitted) == {"learner_step_cores"}
     assert float(sub.machine.updater_overhead_s) == float(start.updater_overhead_s)
 
 
 def test_bad_input_names_the_field():
     with raises_invalid("runs", 0, "at least one measured runtime run"):
-        rc.fit_runtime(TRUE, NET, [])
+        rc.fit_runtime(*TRUE, NET, [])
     with raises_invalid("t_update_s", 0.0, "a finite time > 0"):
-        rc.fit_runtime(TRUE, NET, [rc.RuntimeRun(1, 1, 8, 0.0, 0.01, 0.0)])
+        rc.fit_runtime(*TRUE, NET, [rc.RuntimeRun(1, 1, 8, 0.0, 0.01, 0.0)])
     with raises_invalid("field", "speed", "a machine figure"):
-        rc.fit_runtime(TRUE, NET, list(_true_runs()), fields=["speed"])
+        rc.fit_runtime(*TRUE, NET, list(_true_runs()), fields=["speed"])
     with raises_invalid("fields", list(rc.RUNTIME_FIELDS), "at most as many fields as timings (2)"):
-        rc.fit_runtime(TRUE, NET, list(_true_runs())[:1])
+        rc.fit_runtime(*TRUE, NET, list(_true_runs())[:1])
 
 
 def test_cross_validate_fits_each_run_without_it():
@@ -94,15 +102,15 @@ def test_cross_validate_fits_each_run_without_it():
     runs = [every[i] for i in (0, 1, 3, 4, 7, 13, -5, -4, -2, -1)]
     bad = 2                                                    # (1, 1, 32, 0.02)
     runs[bad] = rc.RuntimeRun(**{**runs[bad].__dict__, "t_compute_s": runs[bad].t_compute_s * 1.3})
-    fits = rc.cross_validate(START, NET, runs)
+    fits = rc.cross_validate(*START, NET, runs)
     assert len(fits) == len(runs)
-    held = rc.predict_runs(fits[bad], NET, [runs[bad]])
-    truth = rc.predict_runs(TRUE, NET, [runs[bad]])
+    held = rc.predict_runs(*fits[bad], NET, [runs[bad]])
+    truth = rc.predict_runs(*TRUE, NET, [runs[bad]])
     assert float(held.t_compute_s[0]) == pytest.approx(float(truth.t_compute_s[0]), rel=2e-3)
-    other = rc.predict_runs(fits[0], NET, [runs[0]])
+    other = rc.predict_runs(*fits[0], NET, [runs[0]])
     assert abs(float(other.t_compute_s[0]) / runs[0].t_compute_s - 1) > 1e-3  # the altered run pulled this fit
     with raises_invalid("runs", 1, "at least 2 measured runs"):
-        rc.cross_validate(START, NET, runs[:1])
+        rc.cross_validate(*START, NET, runs[:1])
 
 
 def test_a_stored_step_stands_for_the_mean_of_its_samples():

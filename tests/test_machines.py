@@ -1,5 +1,7 @@
 """Tests of jaxsprint.perf.machines: every figure of every preset says where it comes from, figures are
-validated, and the cpu preset's fitted figures name the command and the stored file that produce them."""
+validated, and the cpu preset's fitted figures (a shipped data file) name the command and the stored file that
+produce them."""
+import json
 import os
 import shlex
 
@@ -29,11 +31,14 @@ def test_cpu_preset_fitted_figures_name_their_command_and_file():
     sources = dict(m.sources)
     fitted = [f for f, s in sources.items() if s.startswith("fitted by")]
     assert len(fitted) == 9  # the --fit_fields of the command
-    args = dict(a[2:].split("=", 1) for a in shlex.split(mc.CPU_CALIBRATION_COMMAND)[2:])
+    with open(os.path.join(mc.DATA_DIR, "cpu.json")) as fh:
+        data = json.load(fh)
+    assert sorted(data["fitted"]) == sorted(fitted)
+    args = dict(a[2:].split("=", 1) for a in shlex.split(data["command"])[2:])
     assert set(args["fit_fields"].split(",")) == set(fitted)
     assert os.path.exists(os.path.join(ROOT, args["measurements"]))
     assert "efficiency_fwd" in sources["efficiency_bwd_data"]  # tied
-    for f, v in mc.CPU_CALIBRATION.items():
+    for f, v in data["figures"].items():
         assert float(getattr(m, f)) == pytest.approx(v, rel=1e-6), f
     for s in sources.values():  # cites only files that exist
         for word in s.replace("(", " ").replace(")", " ").replace(",", " ").split():
@@ -98,20 +103,16 @@ def test_cpu_preset_is_the_fit_of_its_stored_measurements():
         assert loss(model_fit.predict_timings(moved, fit)[0]) > base, (f, k)
 
 
-def test_runtime_figures_default_when_left_out():
-    """A machine (or an old preset file) without the runtime figures gets the defaults, which say so; the
-    cpu_runtime preset names the command that fits its figures."""
-    base = mc.get("abci")
-    figures = {f: float(getattr(base, f)) for f in mc.FIELDS if f not in mc.RUNTIME_DEFAULTS}
-    m = mc.make_machine("m", "", {}, **figures)
-    assert float(m.cores_per_node) == float(base.gpus_per_node)
-    assert float(m.learner_step_cores) == 1.0 and float(m.updater_cv) == 0.0
-    assert dict(m.sources)["cores_per_node"].startswith("default")
-    rt = mc.get("cpu_runtime")
-    assert float(rt.cores_per_node) == 2.0
-    sources = dict(rt.sources)
-    for f in mc.CPU_RUNTIME_CALIBRATION:
-        assert mc.CPU_RUNTIME_CALIBRATION_COMMAND in sources[f], f
-        assert float(getattr(rt, f)) == pytest.approx(mc.CPU_RUNTIME_CALIBRATION[f], rel=1e-6), f
-    if mc.CPU_RUNTIME_FITTED:
-        assert os.path.exists(os.path.join(ROOT, mc.CPU_RUNTIME_CALIBRATION_FILE))
+def test_the_fitted_presets_are_data_and_the_runtime_figures_are_not_a_machines():
+    """cpu and cpu_runtime are shipped JSON files (every figure with its source); a Machine holds none of the
+    runtime's host figures (jaxsprint.calibration.host.HostFigures)."""
+    shipped = sorted(f[:-5] for f in os.listdir(mc.DATA_DIR) if f.endswith(".json"))
+    assert {"cpu", "cpu_runtime"} <= set(shipped) <= set(mc.PRESETS)
+    assert not {"cores_per_node", "learner_overhead_s", "updater_queue", "learner_cv", "updater_cv"} & set(mc.FIELDS)
+    for name in shipped:
+        with open(os.path.join(mc.DATA_DIR, f"{name}.json")) as fh:
+            data = json.load(fh)
+        assert set(data["figures"]) == set(mc.FIELDS) == set(data["sources"]), name
+        m = mc.get(name)
+        for f, v in data["figures"].items():
+            assert float(getattr(m, f)) == pytest.approx(v, rel=1e-6), (name, f)

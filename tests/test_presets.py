@@ -6,7 +6,7 @@ import os
 import pytest
 
 from jaxsprint.errors import DataError
-from jaxsprint.calibration import measurements, model_fit
+from jaxsprint.calibration import host, measurements, model_fit
 from jaxsprint.perf import presets, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
@@ -27,8 +27,7 @@ def test_preset_roundtrip_and_errors(tmp_path):
         presets.load_preset(missing)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "other"}))
-    with raises_invalid("machine_file", str(bad), "format 'jaxsprint-machine-1' or 'jaxsprint-runtime-calibration-1'",
-                        DataError):
+    with raises_invalid("machine_file", str(bad), "format 'jaxsprint-machine-1'", DataError):
         presets.load_preset(str(bad))
     data["figures"]["peak_flops_per_s"] = -1.0
     bad.write_text(json.dumps(data))
@@ -39,20 +38,23 @@ def test_preset_roundtrip_and_errors(tmp_path):
         presets.load_preset(str(bad))
 
 
-def test_a_runtime_calibration_file_is_a_machine_file(tmp_path):
-    """experiments/calibrate_runtime.py's --out (measurements, fit and every figure of the fitted machine) loads as
-    a --machine_file: the shipped one is the cpu_runtime preset (whose fitted figures are its 4-digit copy)."""
-    path = os.path.join(ROOT, mc.CPU_RUNTIME_CALIBRATION_FILE)
+def test_a_runtime_preset_file_is_a_machine_file(tmp_path):
+    """experiments/calibrate_runtime.py's --out (every figure of the fitted machine and, in its host section, of its
+    host) loads as a --machine_file: the shipped one is the cpu_runtime preset; its measurements are no preset."""
+    path = os.path.join(mc.DATA_DIR, "cpu_runtime.json")
     m = presets.load_machine(path=path)
     want = mc.get("cpu_runtime")
     assert m.name == "cpu_runtime"
     for f in mc.FIELDS:
-        assert float(getattr(m, f)) == pytest.approx(float(getattr(want, f)), rel=1e-3), f
-    data = json.loads(open(path).read())
-    del data["figures"]  # what the script writes before its fit: the measurements alone
+        assert float(getattr(m, f)) == pytest.approx(float(getattr(want, f)), rel=1e-6), f
+    h, want_h = host.load_host(m, path=path), host.load_host(m, "cpu_runtime")
+    assert float(h.cores_per_node) == 2.0 and h.sources == want_h.sources
+    for f in host.FIELDS:
+        assert float(getattr(h, f)) == pytest.approx(float(getattr(want_h, f)), rel=1e-6), f
+    assert float(host.load_host(mc.get("abci"), "abci").cores_per_node) == 4.0  # no host section: neutral
     bad = tmp_path / "measured_only.json"
-    bad.write_text(json.dumps(data))
-    with raises_invalid("machine_file", str(bad), "with a 'figures' object", DataError):
+    bad.write_text(json.dumps({"format": presets.RUNTIME_CALIBRATION_FORMAT, "measurements": {}}))
+    with raises_invalid("machine_file", str(bad), "format 'jaxsprint-machine-1'", DataError):
         presets.load_preset(str(bad))
 
 

@@ -1,10 +1,12 @@
 """Tests of jaxsprint.perf.times: the roofline's smooth corner, the small-batch factor exactly, the split and
-traced evaluations of a table agree, and the learner and updater times by their formulas."""
+traced evaluations of a table agree, and the learner and updater times by their formulas; and of the runtime's
+cost form on a host (jaxsprint.calibration.host) by its formulas."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsprint.calibration import host as hf
 from jaxsprint.perf import collectives
 from jaxsprint.perf import machines as mc
 from jaxsprint.perf import networks as nw
@@ -67,8 +69,13 @@ def test_compute_and_update_times_by_their_formulas():
     assert float(times.memory_bytes(net, b)) <= float(m.device_memory_bytes) < float(times.memory_bytes(net, b + 1))
 
 
+def _host():
+    """The cpu_runtime preset's host figures (jaxsprint.calibration.host: the runtime's cost form)."""
+    return hf.load_host(mc.get("cpu_runtime"), "cpu_runtime")
+
+
 def _smax(*xs):
-    k = times.RUNTIME_SHARPNESS
+    k = hf.RUNTIME_SHARPNESS
     return sum(x ** k for x in xs) ** (1 / k)
 
 
@@ -77,14 +84,15 @@ def test_runtime_times_by_their_formulas():
     cores bound; the updater's own part, stretched on co-located hosts, plus the network parts (hand-computed)."""
     net = zoo.get("resnet8")
     g, p, a, c, cu, sh = 1.5e-3, 1.5, 2e-3, 1e-3, 0.3, 1.2
-    m = mc.with_figures(mc.get("cpu_runtime"), learner_overhead_s=g, learner_step_cores=p, updater_overhead_s=a,
-                        updater_per_learner_s=c, updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0,
-                        updater_cv=0.4, updater_apply_s=0.0, learner_step_cores_half_batch=0.0)
+    m = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=a)
+    h = hf.with_figures(_host(), learner_overhead_s=g, learner_step_cores=p, updater_per_learner_s=c,
+                        updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
+                        updater_apply_s=0.0, learner_step_cores_half_batch=0.0)
     p4 = 4.0 * float(net.total_params)
     host = lambda n_h: (n_h + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s)  # noqa
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
     # Two hosts x four learners on two cores, 30 ms of network time.
-    r = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
+    r = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
     own = (host(4) + a + 4 * c) * (1 + sh)
     assert float(r.t_update_s) == pytest.approx(own + 0.03 + ring, rel=1e-5)
     beta = own / (own + 0.03 + ring)
@@ -92,39 +100,40 @@ def test_runtime_times_by_their_formulas():
     t_c = _smax(step + g, 4 * g / (1 - beta / 2), 8 * p * step / (2 - 2 * beta * cu))
     assert float(r.t_compute_s) == pytest.approx(t_c, rel=1e-5)
     assert float(r.t_update_cv) == pytest.approx(0.4 * own / float(r.t_update_s), rel=1e-5)
-    assert float(r.t_compute_cv) == pytest.approx(float(m.learner_cv))
+    assert float(r.t_compute_cv) == pytest.approx(float(h.learner_cv))
     # One host: no all-reduce and no stretch; one learner alone: its lone cycle dominates.
-    one = times.runtime_times(net, m, learners_per_host=1, hosts=1, sub_batch=32, network_time_s=0.0)
+    one = hf.runtime_times(net, m, h, learners_per_host=1, hosts=1, sub_batch=32, network_time_s=0.0)
     assert float(one.t_update_s) == pytest.approx(host(1) + a + c, rel=1e-5)
     step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
     assert float(one.t_compute_s) == pytest.approx(_smax(step1 + g, g / 0.5, p * step1 / (2 - cu)), rel=1e-5)
     # Separate machines: each host's learners alone on its cores, no stretch.
-    apart = times.runtime_times(net, m, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
-                                co_located=False)
+    apart = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
+                             co_located=False)
     assert float(apart.t_compute_s) < float(r.t_compute_s)
     assert float(apart.t_update_s) == pytest.approx((host(4) + a + 4 * c) + 0.03 + ring, rel=1e-5)
     # Differentiable in the new figures (the search and the calibration take gradients): 8 learners on 2 cores
     # are bound by the cores, so T_c grows about in proportion to the step's cores.
-    d = jax.grad(lambda x: times.runtime_times(net, mc.with_figures(m, learner_step_cores=x), learners_per_host=4,
-                                               hosts=2, sub_batch=32, network_time_s=0.03).t_compute_s)(p)
+    d = jax.grad(lambda x: hf.runtime_times(net, m, hf.with_figures(h, learner_step_cores=x), learners_per_host=4,
+                                            hosts=2, sub_batch=32, network_time_s=0.03).t_compute_s)(p)
     assert np.isfinite(float(d)) and float(d) == pytest.approx(float(r.t_compute_s) / p, rel=0.05)
 
 
 def test_runtime_step_cores_grow_with_the_sub_batch():
     """p(b) = 1 + (p - 1) b / (b + b_p): one unit for a tiny step, p for a large one, half-way at b_p; flat at
     b_p = 0 (hand-computed), and the cores bound of T_c scales with it."""
-    m = mc.with_figures(mc.get("cpu_runtime"), learner_step_cores=1.5, learner_step_cores_half_batch=16.0)
-    assert float(times.step_cores(m, 16.0)) == pytest.approx(1.25, rel=1e-6)
-    assert float(times.step_cores(m, 48.0)) == pytest.approx(1.375, rel=1e-6)
-    assert float(times.step_cores(m, 1e6)) == pytest.approx(1.5, rel=1e-4)
-    flat = mc.with_figures(m, learner_step_cores_half_batch=0.0)
-    assert float(times.step_cores(flat, 8.0)) == pytest.approx(1.5, rel=1e-6)
+    m = hf.with_figures(_host(), learner_step_cores=1.5, learner_step_cores_half_batch=16.0)
+    assert float(hf.step_cores(m, 16.0)) == pytest.approx(1.25, rel=1e-6)
+    assert float(hf.step_cores(m, 48.0)) == pytest.approx(1.375, rel=1e-6)
+    assert float(hf.step_cores(m, 1e6)) == pytest.approx(1.5, rel=1e-4)
+    flat = hf.with_figures(m, learner_step_cores_half_batch=0.0)
+    assert float(hf.step_cores(flat, 8.0)) == pytest.approx(1.5, rel=1e-6)
     net = zoo.get("resnet8")
     # Sixteen learners on two cores, no host work: the cores bound dominates, in proportion to p(b).
     kw = dict(learners_per_host=16, sub_batch=16, network_time_s=0.05)
     quiet = dict(learner_overhead_s=0.0, updater_cores=0.0)
-    t_half = float(times.runtime_times(net, mc.with_figures(m, **quiet), **kw).t_compute_s)
-    t_flat = float(times.runtime_times(net, mc.with_figures(flat, **quiet), **kw).t_compute_s)
+    rt = mc.get("cpu_runtime")
+    t_half = float(hf.runtime_times(net, rt, hf.with_figures(m, **quiet), **kw).t_compute_s)
+    t_flat = float(hf.runtime_times(net, rt, hf.with_figures(flat, **quiet), **kw).t_compute_s)
     assert t_half / t_flat == pytest.approx(1.25 / 1.5, rel=1e-3)
 
 
@@ -133,37 +142,38 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
     returns the fixed point (its T_u and T_c satisfy both formulas), nearly the whole cost when every cycle
     gathers gradients and nearly none when almost every cycle is empty (hand-computed)."""
     net = zoo.get("resnet8")
-    base = mc.with_figures(mc.get("cpu_runtime"), updater_apply_s=0.0, updater_hosts_stretch=0.5)
+    rt = mc.get("cpu_runtime")
+    base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5)
     t_a = 4e-3
-    m = mc.with_figures(base, updater_apply_s=t_a)
+    m = hf.with_figures(base, updater_apply_s=t_a)
     for hosts, per_host, b, net_s in ((2, 4, 32, 0.03), (1, 2, 128, 0.0), (2, 1, 8, 0.0), (1, 8, 64, 0.002)):
         kw = dict(learners_per_host=per_host, hosts=hosts, sub_batch=b, network_time_s=net_s)
-        r = times.runtime_times(net, m, **kw)
+        r = hf.runtime_times(net, rt, m, **kw)
         t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
         share = 1.0 - np.exp(-hosts * per_host * t_u / t_c)
         stretch = 1.5 if hosts > 1 else 1.0
-        u0 = float(times.runtime_update_time_s(net, base, hosts, per_host, net_s, sharing_learners=hosts * per_host,
-                                               sub_batch=b))
+        u0 = float(hf.runtime_update_time_s(net, rt, base, hosts, per_host, net_s, sharing_learners=hosts * per_host,
+                                            sub_batch=b))
         assert t_u == pytest.approx(u0 + t_a * share * stretch, rel=1e-4)
         p4 = 4.0 * float(net.total_params)
-        ring = float(collectives.allreduce_time_s(p4, float(hosts), m.network_latency_s,
-                                                  m.network_bandwidth_bytes_per_s)) if hosts > 1 else 0.0
+        ring = float(collectives.allreduce_time_s(p4, float(hosts), rt.network_latency_s,
+                                                  rt.network_bandwidth_bytes_per_s)) if hosts > 1 else 0.0
         own = t_u - net_s - ring
         beta = own / t_u
-        t_c_formula = float(times.runtime_compute_time_s(net, m, b, hosts * per_host, learners_per_host=per_host,
-                                                         updater_demand=hosts * beta * float(m.updater_cores),
-                                                         updater_busy=beta))
+        t_c_formula = float(hf.runtime_compute_time_s(net, rt, m, b, hosts * per_host, learners_per_host=per_host,
+                                                      updater_demand=hosts * beta * float(m.updater_cores),
+                                                      updater_busy=beta))
         assert t_c == pytest.approx(t_c_formula, rel=1e-3)
-    busy = times.runtime_times(net, m, learners_per_host=8, sub_batch=8, network_time_s=2.0)
-    busy0 = times.runtime_times(net, base, learners_per_host=8, sub_batch=8, network_time_s=2.0)
+    busy = hf.runtime_times(net, rt, m, learners_per_host=8, sub_batch=8, network_time_s=2.0)
+    busy0 = hf.runtime_times(net, rt, base, learners_per_host=8, sub_batch=8, network_time_s=2.0)
     assert float(busy.t_update_s) - float(busy0.t_update_s) == pytest.approx(t_a, rel=1e-3)
-    idle = times.runtime_times(net, m, learners_per_host=1, sub_batch=128, network_time_s=0.0)
-    idle0 = times.runtime_times(net, base, learners_per_host=1, sub_batch=128, network_time_s=0.0)
+    idle = hf.runtime_times(net, rt, m, learners_per_host=1, sub_batch=128, network_time_s=0.0)
+    idle0 = hf.runtime_times(net, rt, base, learners_per_host=1, sub_batch=128, network_time_s=0.0)
     assert float(idle.t_update_s) - float(idle0.t_update_s) < 0.2 * t_a
     # Differentiable through the fixed point: the gradient matches a central difference.
     def t_u_of(x):
-        return times.runtime_times(net, mc.with_figures(m, updater_apply_s=x), learners_per_host=8, sub_batch=8,
-                                   network_time_s=0.05).t_update_s
+        return hf.runtime_times(net, rt, hf.with_figures(m, updater_apply_s=x), learners_per_host=8, sub_batch=8,
+                                network_time_s=0.05).t_update_s
 
     d, h = float(jax.grad(t_u_of)(t_a)), 2e-4
     assert d == pytest.approx((float(t_u_of(t_a + h)) - float(t_u_of(t_a - h))) / (2 * h), rel=1e-2)
@@ -174,17 +184,18 @@ def test_runtime_updater_queue_once_the_learners_fill_the_cores():
     """The queue term: q times one device step, only once the learners alone fill the cores (N >= C), stretched
     like the rest of the updater's own work on co-located hosts; the network part does not change."""
     net = zoo.get("resnet8")
-    base = mc.with_figures(mc.get("cpu_runtime"), updater_queue=0.0, updater_hosts_stretch=1.0)
-    m = mc.with_figures(base, updater_queue=0.5)
-    step = float(times.compute_time_s(net, m, 32.0, 2.0))
+    rt = mc.get("cpu_runtime")
+    base = hf.with_figures(_host(), updater_queue=0.0, updater_hosts_stretch=1.0)
+    m = hf.with_figures(base, updater_queue=0.5)
+    step = float(times.compute_time_s(net, rt, 32.0, 2.0))
     kw = dict(sub_batch=32.0, network_time_s=0.02)
-    t0 = float(times.runtime_update_time_s(net, base, 1, 1, **kw))
-    assert float(times.runtime_update_time_s(net, m, 1, 1, **kw)) == pytest.approx(t0, rel=1e-6)  # N < C
-    t0 = float(times.runtime_update_time_s(net, base, 1, 2, **kw))
-    t1 = float(times.runtime_update_time_s(net, m, 1, 2, **kw))
+    t0 = float(hf.runtime_update_time_s(net, rt, base, 1, 1, **kw))
+    assert float(hf.runtime_update_time_s(net, rt, m, 1, 1, **kw)) == pytest.approx(t0, rel=1e-6)  # N < C
+    t0 = float(hf.runtime_update_time_s(net, rt, base, 1, 2, **kw))
+    t1 = float(hf.runtime_update_time_s(net, rt, m, 1, 2, **kw))
     assert t1 - t0 == pytest.approx(0.5 * step, rel=1e-4)   # N = C
-    t0h = float(times.runtime_update_time_s(net, base, 2, 2, sharing_learners=4, **kw))
-    t1h = float(times.runtime_update_time_s(net, m, 2, 2, sharing_learners=4, **kw))
+    t0h = float(hf.runtime_update_time_s(net, rt, base, 2, 2, sharing_learners=4, **kw))
+    t1h = float(hf.runtime_update_time_s(net, rt, m, 2, 2, sharing_learners=4, **kw))
     assert t1h - t0h == pytest.approx(2.0 * 0.5 * step, rel=1e-4)  # x (1 + updater_hosts_stretch)
 
 

@@ -8,9 +8,10 @@ Two predictions of a run's statistics (:func:`jaxsprint.runtime.events.statistic
   measured cycles, docs/perf-model.md "A shifted updater cycle"). This judges the
   protocol's mathematics on a real run: the paper reports 5% / 9% / 19% average error (epoch time,
   mini-batch, staleness) at this level.
-* **from specs** (:func:`predict_from_specs`): ``T_c`` and ``T_u`` predicted by
-  :mod:`jaxsprint.perf.times` from the cost table of the run's network (:func:`network_cost`) and a
-  machine preset (e.g. the calibrated ``cpu_runtime``), the way a plan is made before anything runs.
+* **from specs** (:func:`predict_from_specs`): ``T_c`` and ``T_u`` predicted by the runtime's cost form
+  (:func:`jaxsprint.calibration.host.runtime_times`) from the cost table of the run's network
+  (:func:`network_cost`), a machine preset and its host figures (e.g. the calibrated ``cpu_runtime``), the
+  way a plan is made before anything runs.
 
 :func:`compare` gives the errors: relative errors ``predicted / measured - 1`` of the epoch time, the mean
 mini-batch and the mean staleness, and the total-variation distance
@@ -18,7 +19,6 @@ mini-batch and the mean staleness, and the total-variation distance
 """
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Mapping
 
@@ -33,14 +33,6 @@ __all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_tabl
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
               "staleness_tv", "minibatch_tv_floor", "staleness_tv_floor", "minibatch_tv_two_moment")
 TV_FLOOR_DRAWS = 200  # samples of the sampling floor (tv_floor): its mean is known to about 1% of itself
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    """Whether ``fn`` takes a keyword ``name`` (the model gains options; this module works with and without)."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _pow2(x: float) -> int:
@@ -59,7 +51,7 @@ def _windows(n: int, tc: float, tu: float, cv: float, update_cv: float, shift: f
     """
     from jaxsprint.perf import sprint
 
-    kw = dict(update_cv=update_cv) if _accepts(sprint.suggest_windows, "update_cv") else {}
+    kw = dict(update_cv=update_cv)
     if shift > 0:
         kw["update_shift_s"] = shift
     sizes = dict(sprint.suggest_windows(n, tc, tu, cv, **kw))
@@ -85,8 +77,7 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
     """The model's statistics of a configuration given its two cycles (mean and cv of each, and the
     updater cycle's fixed part ``update_shift_s``).
 
-    ``update_cv`` is passed to :func:`jaxsprint.perf.sprint.distributions` when the model takes it;
-    otherwise the updater cycle is deterministic and ``update_cv_used`` says 0.
+    ``update_cv`` is passed to :func:`jaxsprint.perf.sprint.distributions` (``update_cv_used`` repeats it).
 
     Args:
       n_learners: ``N``, all hosts.
@@ -113,8 +104,7 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
     n, b = int(n_learners), int(sub_batch)
     tc, tu, cv, update_cv = float(t_compute_s), float(t_update_s), float(cv), float(update_cv)
     shift = float(update_shift_s)
-    use_ucv = _accepts(sprint.distributions, "update_cv")
-    kw = dict(update_cv=update_cv) if use_ucv else {}
+    kw = dict(update_cv=update_cv)
     if shift != 0:
         kw["update_shift_s"] = shift
         sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size), update_cv=update_cv, update_shift_s=shift)
@@ -122,7 +112,7 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
         sprint.validate_timings(n, tc, tu, cv, b, int(dataset_size))
         if not (math.isfinite(update_cv) and update_cv >= 0):
             raise ConfigError("t_update_cv", update_cv, "a finite number >= 0")
-    d = sprint.distributions(n, tc, tu, cv, **kw, **_windows(n, tc, tu, cv, update_cv if use_ucv else 0.0, shift))
+    d = sprint.distributions(n, tc, tu, cv, **kw, **_windows(n, tc, tu, cv, update_cv, shift))
     mean_count, mean_stale = float(d.mean_count), float(d.mean_staleness)
     images_per_s = n * b / tc
     return dict(
@@ -134,7 +124,7 @@ def predict(n_learners: int, t_compute_s: float, t_update_s: float, cv: float = 
         mean_staleness=mean_stale, std_staleness=math.sqrt(max(float(d.var_staleness), 0.0)),
         staleness_pmf=_pmf_dict(d.staleness_offset, d.staleness_pmf),
         t_compute_s=tc, t_compute_cv=cv, t_update_s=tu, t_update_cv=update_cv, t_update_shift_s=shift,
-        update_cv_used=update_cv if use_ucv else 0.0,
+        update_cv_used=update_cv,
     )
 
 
@@ -191,48 +181,37 @@ def network_cost(config: Any) -> Any:
 
     The two-row XLA table of the flax model the learners run (:func:`jaxsprint.perf.networks.from_flax`
     of ``config.model`` at ``config.image_size`` with the dataset's channels and classes, BatchNorm in
-    training mode), which is what the ``cpu_runtime`` preset is calibrated on. Uses
-    ``jaxsprint.calibration.timing.runtime_network`` instead where it exists, so that the calibration and this
-    prediction share one table.
+    training mode), which is what the ``cpu_runtime`` preset is calibrated on:
+    :func:`jaxsprint.calibration.timing.runtime_network`, so that the calibration and this prediction share one
+    table.
     """
-    from jaxsprint.train import data, models
     from jaxsprint.calibration import timing
-    from jaxsprint.perf import networks
 
-    if hasattr(timing, "runtime_network"):
-        return timing.runtime_network(config)
-    dataset = data.load_dataset(config)
-    model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype)
-    shape = (int(config.image_size), int(config.image_size), int(dataset.channels))
-    return networks.from_flax(model, shape, name=config.model, apply_kwargs={"train": True})
+    return timing.runtime_network(config)
 
 
-def spec_times(network: Any, machine: Any, *, learners_per_host: int, num_hosts: int, sub_batch: int,
+def spec_times(network: Any, machine: Any, host: Any, *, learners_per_host: int, num_hosts: int, sub_batch: int,
                network_time_s: float) -> tuple[float, float, float, float]:
-    """``(T_c, T_u, cv, update_cv)`` of a runtime configuration from the machine's figures.
+    """``(T_c, T_u, cv, update_cv)`` of a runtime configuration from the machine's and the host's figures.
 
-    The one place the specs prediction calls :mod:`jaxsprint.perf.times`: its ``runtime_times`` (learners
-    that share the cores, the updater's own cost, both cycles' jitter; the hosts taken as processes of one
-    machine) where it exists, else the SPRINT model's ``compute_time_s`` / ``update_time_s`` with the
-    emulated network time added to the updater cycle and no jitter.
+    The one place the specs prediction calls the runtime's cost form,
+    :func:`jaxsprint.calibration.host.runtime_times` (learners that share the cores, the updater's own cost,
+    both cycles' jitter; the hosts taken as processes of one machine).
     """
-    from jaxsprint.perf import times
+    from jaxsprint.calibration import host as hostfig
 
-    if hasattr(times, "runtime_times"):
-        t = times.runtime_times(network, machine, learners_per_host=learners_per_host, sub_batch=sub_batch,
-                                hosts=num_hosts, network_time_s=network_time_s)
-        return float(t.t_compute_s), float(t.t_update_s), float(t.t_compute_cv), float(t.t_update_cv)
-    tc = times.compute_time_s(network, machine, sub_batch, learners_per_host)
-    tu = times.update_time_s(network, machine, num_hosts, learners_per_host) + network_time_s
-    return float(tc), float(tu), 0.0, 0.0
+    t = hostfig.runtime_times(network, machine, host, learners_per_host=learners_per_host, sub_batch=sub_batch,
+                              hosts=num_hosts, network_time_s=network_time_s)
+    return float(t.t_compute_s), float(t.t_update_s), float(t.t_compute_cv), float(t.t_update_cv)
 
 
-def predict_from_specs(machine: Any, network: Any, config: Any, *, num_hosts: int = 1,
+def predict_from_specs(machine: Any, host: Any, network: Any, config: Any, *, num_hosts: int = 1,
                        learners_per_host: int | None = None, dataset_size: int | None = None) -> dict[str, Any]:
     """The model's prediction of a run from the machine's specs and the network's costs alone.
 
     Args:
       machine: A :class:`~jaxsprint.perf.machines.Machine` (e.g. ``machines.get("cpu_runtime")``).
+      host: Its :class:`~jaxsprint.calibration.host.HostFigures` (e.g. ``host.load_host(machine, "cpu_runtime")``).
       network: The cost table of the run's network (:func:`network_cost`).
       config: The SPRINT config (``config.sprint.sub_batch``, ``network_time_s``, ``learners_per_host``).
       num_hosts: Processes of the run.
@@ -252,7 +231,7 @@ def predict_from_specs(machine: Any, network: Any, config: Any, *, num_hosts: in
         from jaxsprint.train import data
 
         dataset_size = data.load_dataset(config).num_train
-    tc, tu, cv, ucv = spec_times(network, machine, learners_per_host=int(lph), num_hosts=int(num_hosts),
+    tc, tu, cv, ucv = spec_times(network, machine, host, learners_per_host=int(lph), num_hosts=int(num_hosts),
                                  sub_batch=int(s.sub_batch), network_time_s=float(s.network_time_s))
     return predict(int(lph) * int(num_hosts), tc, tu, cv, ucv, sub_batch=int(s.sub_batch),
                    dataset_size=int(dataset_size))

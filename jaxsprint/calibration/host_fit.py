@@ -3,8 +3,8 @@ r"""Calibration of the runtime figures of a machine: learners sharing cores, the
 The measurements come in as data (``jaxsprint.calibration.timing`` and ``experiments/calibrate_runtime.py`` take them on
 the machine at hand): one learner's gradient step at a few sub-batches, a few runs of
 :mod:`jaxsprint.runtime` (their measured cycle means and cvs, :class:`RuntimeRun`) and all-reduces between
-processes. :func:`fit_all` fits, in three stages, the figures of the runtime model of
-:func:`jaxsprint.perf.times.runtime_times`:
+processes. :func:`fit_all` fits, in three stages, the machine's and the host's figures of the runtime model of
+:func:`jaxsprint.calibration.host.runtime_times`:
 
 1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the single-learner steps, no optimiser passes):
    ``efficiency_fwd`` (the backward passes tied to it), ``half_efficiency_batch`` and ``step_overhead_s``.
@@ -28,12 +28,10 @@ processes. :func:`fit_all` fits, in three stages, the figures of the runtime mod
        \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
                    + \big(\log \hat T_u(\theta) - \log T_u\big)^2,
 
-   in log parameters inside bounds (``log theta = lo + (hi - lo) sigmoid(u)``), by Levenberg-Marquardt
-   (Gauss-Newton with an adaptive damping ``lambda``: ``(J^T J + lambda diag(J^T J)) du = -J^T r``; Nocedal and
-   Wright, *Numerical Optimization*, 2nd ed., sec. 10.3), from two starts (the machine's figures and
-   :data:`RUNTIME_START`), keeping the lower cost. Then the jitter: ``learner_cv`` is the median
+   in log parameters inside bounds, by :func:`jaxsprint.perf.fit.least_squares` (trust-region reflective,
+   a JAX Jacobian), from two starts (the machine's figures and :data:`RUNTIME_START`), keeping the lower cost. Then the jitter: ``learner_cv`` is the median
    measured cv of ``T_c``; ``updater_cv`` the median of ``cv(T_u) T_u / own``, the cv of the updater's own
-   work when the network part of its cycle is steady (the form :func:`~jaxsprint.perf.times.runtime_times`
+   work when the network part of its cycle is steady (the form :func:`~jaxsprint.calibration.host.runtime_times`
    predicts with).
 
 Pure jnp and numpy, like the rest of :mod:`jaxsprint.perf`.
@@ -49,12 +47,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsprint.errors import check
+from jaxsprint.calibration import host as hostfig
 from jaxsprint.calibration import model_fit as calib
-from jaxsprint.perf import machines, times
+from jaxsprint.calibration.host import HostFigures
+from jaxsprint.perf import fit as lsq
+from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
            "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime",
            "gradient_step_seconds", "predict_runs"]
 
@@ -79,6 +80,26 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
+# Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
+# is flat in it, or kept a relative standard error above 10): experiments/calibrate_runtime.py holds them at these
+# values, fit_all(fixed=FIXED), instead of fitting them. {field: (value, the reason, which becomes its source)}.
+FIXED = {
+    "step_overhead_s": (0.0, "fixed at 0, not fitted: five lone steps at sub-batch 8-128 cannot tell a fixed cost "
+                             "per step from the small-batch slowdown (half_efficiency_batch); fitted, it ran onto "
+                             "its lower bound, 1 us"),
+    "updater_overhead_s": (0.0, "fixed at 0, not fitted: the calibration runs cannot tell the updater's fixed cost "
+                                "per cycle from its cost per learner and per applied update; fitted, it ran onto "
+                                "its lower bound, 1 us (the all-reduces' own dispatch is in the network figures)"),
+    "updater_queue": (0.0, "fixed at 0 (the queue term off), not fitted: the calibration runs that fill the cores "
+                           "do not separate it from the updater's other costs; fitted, it ran onto its lower "
+                           "bound, 1e-4 of a device step"),
+    "updater_cores": (0.0, "fixed at 0 (the updater takes no compute unit from the learners), not fitted: the "
+                           "calibration runs hardly see it; fitted, it came out 0.08 units with a relative standard "
+                           "error of 35, and holding it at 0 raises the fit's loss by 0.5%"),
+    "learner_step_cores_half_batch": (0.0, "fixed at 0 (learner_step_cores at every sub-batch), not fitted: the "
+                                           "calibration runs show no growth of a busy step's cores with the "
+                                           "sub-batch; fitted, it ran onto its lower bound, 0.5"),
+}
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "step_overhead_s": (1e-6, 1.0)}
 
@@ -123,24 +144,32 @@ class RuntimeFit:
 
     Attributes:
       machine: The machine with the fitted figures.
+      host: The host figures with the fitted ones.
       fitted: ``{field: value}`` of every figure fitted (all stages for :func:`fit_all`).
       compute_errors: ``predicted / measured - 1`` of each run's ``T_c``.
       update_errors: The same of ``T_u``.
       loss: Mean squared log-error of stage 3.
       stages: Per-stage summaries (JSON-friendly).
+      rel_std_error: ``{field: relative standard error}`` of the fitted figures (Gauss-Newton, from the
+        Jacobian at the optimum; inf where the data do not see the figure).
+      at_bound: Fitted figures that ended within 3% of a bound.
     """
 
     machine: Machine
+    host: HostFigures
     fitted: dict[str, float]
     compute_errors: np.ndarray
     update_errors: np.ndarray
     loss: float
     stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rel_std_error: dict[str, float] = dataclasses.field(default_factory=dict)
+    at_bound: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        """JSON-friendly: the fitted figures and the error statistics of both cycles."""
-        return dict(fitted=self.fitted, loss=self.loss, compute=calib.error_stats(self.compute_errors),
-                    update=calib.error_stats(self.update_errors), stages=self.stages)
+        """JSON-friendly: the fitted figures, their standard errors and the error statistics of both cycles."""
+        return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound, loss=self.loss,
+                    compute=calib.error_stats(self.compute_errors), update=calib.error_stats(self.update_errors),
+                    stages=self.stages)
 
 
 def gradient_step_seconds(record: dict[str, Any]) -> float:
@@ -154,38 +183,47 @@ def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
     return np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
 
 
-def _predict_columns(machine: Machine, network: NetworkCost, cols: jax.Array, co_located: bool
-                     ) -> times.RuntimeTimes:
+def _predict_columns(machine: Machine, host: HostFigures, network: NetworkCost, cols: jax.Array, co_located: bool
+                     ) -> hostfig.RuntimeTimes:
     def one(row):
-        return times.runtime_times(network, machine, learners_per_host=row[0], hosts=row[1], sub_batch=row[2],
-                                   network_time_s=row[3], co_located=co_located)
+        return hostfig.runtime_times(network, machine, host, learners_per_host=row[0], hosts=row[1],
+                                     sub_batch=row[2], network_time_s=row[3], co_located=co_located)
 
     return jax.vmap(one)(cols)
 
 
-_predict_columns_jit = jax.jit(_predict_columns, static_argnums=(3,))
+_predict_columns_jit = jax.jit(_predict_columns, static_argnums=(4,))
 
 
-def predict_runs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
-                 co_located: bool = True) -> times.RuntimeTimes:
-    """The model's :class:`~jaxsprint.perf.times.RuntimeTimes` of every run, stacked (one vmapped call)."""
-    return _predict_columns_jit(machine, network, jnp.asarray(_columns(runs)), bool(co_located))
+def predict_runs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                 co_located: bool = True) -> hostfig.RuntimeTimes:
+    """The model's :class:`~jaxsprint.calibration.host.RuntimeTimes` of every run, stacked (one vmapped call)."""
+    return _predict_columns_jit(machine, host, network, jnp.asarray(_columns(runs)), bool(co_located))
 
 
-def _log_residuals(u, lo, hi, machine, network, cols, meas_c, meas_u, fields, co_located):
-    """Log errors of the cycle means at the fit's unconstrained parameters ``u`` (bounded by a sigmoid).
+def _figure(machine: Machine, host: HostFigures, field: str) -> float:
+    """A figure of the host or, if it is not a host's, of the machine."""
+    return float(getattr(host if field in hostfig.FIELDS else machine, field))
+
+
+def _with(machine: Machine, host: HostFigures, values: dict[str, Any]) -> tuple[Machine, HostFigures]:
+    """``(machine, host)`` with ``values`` replaced, each in the structure it belongs to."""
+    on_host = {f: v for f, v in values.items() if f in hostfig.FIELDS}
+    return (machine.replace(**{f: v for f, v in values.items() if f not in on_host}), host.replace(**on_host))
+
+
+def _log_residuals(log_theta, machine, host, network, cols, meas_c, meas_u, fields, co_located):
+    """Log errors of the cycle means at the fit's log parameters ``log_theta``.
 
     Everything that changes between fits is an argument, so every fit over as many runs (each
     leave-one-out fold of :func:`cross_validate`) reuses one compilation of this and of its Jacobian.
     """
-    log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
-    m = machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
-    t = _predict_columns(m, network, cols, co_located)
+    m, h = _with(machine, host, {f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
+    t = _predict_columns(m, h, network, cols, co_located)
     return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
 
 
-_residuals = jax.jit(_log_residuals, static_argnums=(8, 9))
-_jacobian = jax.jit(jax.jacfwd(_log_residuals), static_argnums=(8, 9))
+_residuals, _jacobian = lsq.jax_pair(_log_residuals, static_argnums=(7, 8))
 
 
 def _check_runs(runs: Sequence[RuntimeRun]) -> None:
@@ -198,19 +236,20 @@ def _check_runs(runs: Sequence[RuntimeRun]) -> None:
               "learners_per_host, hosts and sub_batch >= 1")
 
 
-def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
                 fields: Sequence[str] = RUNTIME_FIELDS, bounds: dict[str, tuple[float, float]] | None = None,
-                co_located: bool = True, iterations: int = 100, fit_cvs: bool = True) -> RuntimeFit:
+                co_located: bool = True, max_nfev: int | None = None, fit_cvs: bool = True) -> RuntimeFit:
     """Stage 3 of :func:`fit_all`: the sharing and updater figures from measured runs (module docstring).
 
     Args:
       machine: Starting machine (its compute and network figures are kept).
+      host: Starting host figures.
       network: Cost table of the runs' network.
       runs: Measured runs.
-      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure).
+      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure of either).
       bounds: ``{field: (lo, hi)}`` over :data:`RUNTIME_BOUNDS`.
       co_located: The hosts of multi-host runs were processes of this machine.
-      iterations: Levenberg-Marquardt iterations.
+      max_nfev: Residual evaluations per start at most (None: :func:`jaxsprint.perf.fit.least_squares`').
       fit_cvs: Also set ``learner_cv`` and ``updater_cv`` from the runs' measured cvs.
 
     Returns:
@@ -222,86 +261,78 @@ def fit_runtime(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRu
     """
     runs, fields = list(runs), list(fields)
     _check_runs(runs)
+    known = machines.FIELDS + hostfig.FIELDS
     for f in fields:
-        check(f in machines.FIELDS, "field", f, f"a machine figure: one of {', '.join(machines.FIELDS)}")
+        check(f in known, "field", f, f"a machine figure or a host figure: one of {', '.join(known)}")
     check(len(fields) <= 2 * len(runs), "fields", fields, f"at most as many fields as timings ({2 * len(runs)})")
     bounds = {**RUNTIME_BOUNDS, **(bounds or {})}
     for f in fields:
         if f not in bounds:
-            v = float(getattr(machine, f))
+            v = _figure(machine, host, f)
             bounds[f] = (v / 1e3, v * 1e3) if v > 0 else (1e-7, 1e-1)
         check(0 < bounds[f][0] < bounds[f][1], f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
     lo = np.log([bounds[f][0] for f in fields])
     hi = np.log([bounds[f][1] for f in fields])
     meas_c = np.log([r.t_compute_s for r in runs])
     meas_u = np.log([r.t_update_s for r in runs])
-    args = (jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32), machine, network,
-            jnp.asarray(_columns(runs)), jnp.asarray(meas_c, jnp.float32), jnp.asarray(meas_u, jnp.float32),
-            tuple(fields), bool(co_located))
+    args = (machine, host, network, jnp.asarray(_columns(runs)), jnp.asarray(meas_c, jnp.float32),
+            jnp.asarray(meas_u, jnp.float32), tuple(fields), bool(co_located))
 
-    def machine_of(u):
-        log_theta = lo + (hi - lo) * jax.nn.sigmoid(u)
-        return machine.replace(**{f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
-
-    def residuals(u):
-        return _residuals(jnp.asarray(u, jnp.float32), *args)
-
-    def jac(u):
-        return _jacobian(jnp.asarray(u, jnp.float32), *args)
     def start(values):
         x0 = np.asarray([math.log(min(max(float(values(f)), bounds[f][0]), bounds[f][1])) for f in fields])
-        frac = np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
-        return np.log(frac) - np.log1p(-frac)
-
-    def levenberg_marquardt(u):
-        r = np.asarray(residuals(u), np.float64)
-        cost, lam = (float(r @ r) if np.all(np.isfinite(r)) else math.inf), 1e-2
-        for _ in range(int(iterations)):
-            j = np.asarray(jac(u), np.float64)
-            jtj, g = j.T @ j, j.T @ r
-            step = -np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), g)
-            r_new = np.asarray(residuals(u + step), np.float64)
-            c_new = float(r_new @ r_new) if np.all(np.isfinite(r_new)) else math.inf
-            if c_new < cost:
-                u, r, lam = u + step, r_new, max(lam / 3.0, 1e-9)
-                if cost - c_new < 1e-12 * max(cost, 1e-30):
-                    cost = c_new
-                    break
-                cost = c_new
-            else:
-                lam *= 4.0
-                if lam > 1e9:
-                    break
-        return cost, u, r
+        return lo + (hi - lo) * np.clip((x0 - lo) / (hi - lo), 0.02, 0.98)
 
     # Two starts, the machine's figures and RUNTIME_START (a figure at its default of 0 starts at its lower
     # bound, where the form is flat in it and the descent can stall): the lower cost wins.
-    starts = [start(lambda f: getattr(machine, f)),
-              start(lambda f: RUNTIME_START.get(f, float(getattr(machine, f))))]
-    cost, u, r = min((levenberg_marquardt(u0) for u0 in starts), key=lambda t: t[0])
-    fitted_machine = machine_of(u)
-    fitted = {f: float(getattr(fitted_machine, f)) for f in fields}
+    starts = [start(lambda f: _figure(machine, host, f)),
+              start(lambda f: RUNTIME_START.get(f, _figure(machine, host, f)))]
+    res = lsq.least_squares(_residuals, np.stack(starts), args=args, jac=_jacobian, bounds=(lo, hi),
+                            max_nfev=max_nfev, bound_tol=0.03)
+    r = res.residuals
+    fitted_machine, fitted_host = _with(machine, host, {f: jnp.float32(math.exp(res.x[i]))
+                                                        for i, f in enumerate(fields)})
+    fitted = {f: _figure(fitted_machine, fitted_host, f) for f in fields}
     if fit_cvs:
-        fitted_machine, cvs = _fit_cvs(fitted_machine, network, runs, co_located)
+        fitted_host, cvs = _fit_cvs(fitted_machine, fitted_host, network, runs, co_located)
         fitted.update(cvs)
     n = len(runs)
-    return RuntimeFit(fitted_machine, fitted, np.expm1(r[:n]), np.expm1(r[n:]), cost / (2 * n))
+    rse, at_bound = _standard_errors(res, fields)
+    return RuntimeFit(fitted_machine, fitted_host, fitted, np.expm1(r[:n]), np.expm1(r[n:]), res.cost / n,
+                      rel_std_error=rse, at_bound=at_bound)
 
 
-def _fit_cvs(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], co_located: bool
-             ) -> tuple[Machine, dict[str, float]]:
+def _standard_errors(res: lsq.LeastSquaresFit, fields: Sequence[str]) -> tuple[dict[str, float], list[str]]:
+    """Relative standard errors and the figures at a bound of a fit in ``log theta``.
+
+    ``Cov = s^2 (J^T J)^+``, ``s^2 = r.r / (m - k)`` (the Laplace covariance of
+    :func:`jaxsprint.perf.fit.least_squares`) and the relative error ``expm1(sd)`` (inf where the column is
+    near zero), as :func:`jaxsprint.calibration.model_fit.fit` reports; at a bound: within 3% (``0.03`` in log).
+    """
+    at_bound = [f for i, f in enumerate(fields) if res.at_bound[i]]
+    if not np.all(np.isfinite(res.jacobian)):
+        return {f: math.inf for f in fields}, at_bound
+    out = {}
+    for i, f in enumerate(fields):
+        sd = float(res.std_error[i])
+        seen = np.linalg.norm(res.jacobian[:, i]) > 1e-6
+        out[f] = math.expm1(sd) if seen and math.isfinite(sd) and sd < 20.0 else math.inf
+    return out, at_bound
+
+
+def _fit_cvs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun],
+             co_located: bool) -> tuple[HostFigures, dict[str, float]]:
     """``learner_cv`` and ``updater_cv`` from the runs' measured cvs (module docstring)."""
     out = {}
     cv_c = [r.t_compute_cv for r in runs if r.t_compute_cv > 0]
     if cv_c:
         out["learner_cv"] = float(np.median(cv_c))
     # With updater_cv = 1 the predicted cv of T_u is own / T_u: the measured cv over it is the own part's cv.
-    unit = predict_runs(machine.replace(updater_cv=jnp.float32(1.0)), network, runs, co_located=co_located)
+    unit = predict_runs(machine, host.replace(updater_cv=jnp.float32(1.0)), network, runs, co_located=co_located)
     share = np.asarray(unit.t_update_cv, np.float64)
     ratios = [r.t_update_cv / s for r, s in zip(runs, share) if r.t_update_cv > 0 and s > 1e-6]
     if ratios:
         out["updater_cv"] = float(np.median(ratios))
-    return machine.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
+    return host.replace(**{k: jnp.float32(v) for k, v in out.items()}), out
 
 
 def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
@@ -310,9 +341,10 @@ def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]
     return [f for f in fields if several or f not in HOSTS_ONLY_FIELDS]
 
 
-def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[RuntimeRun], *,
-                   fields: Sequence[str] | None = None, co_located: bool = True) -> list[Machine]:
-    """Leave-one-out: for every run, the machine fitted (:func:`fit_runtime`) to all the OTHER runs.
+def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
+                   fields: Sequence[str] | None = None, co_located: bool = True
+                   ) -> list[tuple[Machine, HostFigures]]:
+    """Leave-one-out: for every run, the ``(machine, host)`` fitted (:func:`fit_runtime`) to all the OTHER runs.
 
     The honest specs prediction of a measured grid: run ``i`` is predicted by ``result[i]``, whose figures
     never saw it. ``fields`` defaults to :data:`RUNTIME_FIELDS` (as many as the other runs' timings allow);
@@ -327,17 +359,20 @@ def cross_validate(machine: Machine, network: NetworkCost, runs: Sequence[Runtim
     for i in range(len(runs)):
         rest = runs[:i] + runs[i + 1:]
         f = _constrained(RUNTIME_FIELDS if fields is None else fields, rest)
-        out.append(fit_runtime(machine, network, rest, fields=f[:2 * len(rest)], co_located=co_located).machine)
+        r = fit_runtime(machine, host, network, rest, fields=f[:2 * len(rest)], co_located=co_located)
+        out.append((r.machine, r.host))
     return out
 
 
-def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
+def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
             allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
-            step_cores: float | None = None, co_located: bool = True, seed: int = 0) -> RuntimeFit:
+            step_cores: float | None = None, co_located: bool = True, seed: int = 0,
+            fixed: dict[str, tuple[float, str]] | None = None) -> RuntimeFit:
     """All three stages (module docstring); a stage without measurements is skipped.
 
     Args:
       machine: Starting machine (e.g. the ``cpu_runtime`` preset).
+      host: Starting host figures (e.g. the ``cpu_runtime`` preset's).
       network: Cost table of the runtime's network (the same table the steps were timed on).
       steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
       allreduces: All-reduces over the runtime's processes.
@@ -345,6 +380,7 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
       step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
       co_located: The hosts of multi-host runs were processes of this machine.
       seed: Seed of the random starts of stages 1 and 2.
+      fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
 
     Returns:
       :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
@@ -357,34 +393,46 @@ def fit_all(machine: Machine, network: NetworkCost, *, steps: Sequence[calib.Ste
     _check_runs(list(runs))
     fitted: dict[str, float] = {}
     stages: dict[str, Any] = {}
-    m = machine
+    rse: dict[str, float] = {}
+    at_bound: list[str] = []
+    fixed = dict(fixed or {})
+    m, host = _with(machine, host, {f: jnp.float32(v) for f, (v, _) in fixed.items()})
     if step_cores is not None:
         check(isinstance(step_cores, (int, float)) and math.isfinite(step_cores) and step_cores > 0, "step_cores",
               step_cores, "a finite number > 0 (process CPU seconds per wall second of a lone step)")
-        m = m.replace(**{STEP_CORES_FIELD: jnp.float32(step_cores)})
+        host = host.replace(**{STEP_CORES_FIELD: jnp.float32(step_cores)})
         fitted[STEP_CORES_FIELD] = float(step_cores)
         stages["step_cores"] = float(step_cores)
     steps = list(steps)
     if steps:
-        fields = [f for f in COMPUTE_FIELDS][:len(steps)]
+        fields = [f for f in COMPUTE_FIELDS if f not in fixed][:len(steps)]
         r = calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
                           tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
                           seed=seed)
         m = r.machine
         fitted.update(r.fitted)
+        rse.update(r.rel_std_error)
+        at_bound += list(r.at_bound)
         stages["compute"] = dict(r.summary(), errors=[float(e) for e in r.step_errors])
     allreduces = list(allreduces)
     if allreduces:
-        fields = list(NETWORK_FIELDS)[:len(allreduces)]
+        fields = [f for f in NETWORK_FIELDS if f not in fixed][:len(allreduces)]
         r = calib.fit(m.replace(updater_overhead_s=jnp.float32(0.0)), allreduces=allreduces, fields=fields,
                           seed=seed)
         m = m.replace(**{f: jnp.float32(r.fitted[f]) for f in fields})
         fitted.update({f: r.fitted[f] for f in fields})
+        rse.update({f: r.rel_std_error[f] for f in fields})
+        at_bound += [f for f in r.at_bound if f in fields]
         stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
-    fields = _constrained(RUNTIME_FIELDS, runs)
-    res = fit_runtime(m, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+    fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
+    res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     fitted.update(res.fitted)
-    stages["runtime"] = dict(fitted=res.fitted, loss=res.loss,
+    rse.update(res.rel_std_error)
+    at_bound += res.at_bound
+    stages["runtime"] = dict(fitted=res.fitted, rel_std_error=res.rel_std_error, at_bound=res.at_bound, loss=res.loss,
                              compute=calib.error_stats(res.compute_errors),
                              update=calib.error_stats(res.update_errors))
-    return RuntimeFit(res.machine, fitted, res.compute_errors, res.update_errors, res.loss, stages)
+    if fixed:
+        stages["fixed"] = {f: v for f, (v, _) in fixed.items()}
+    return RuntimeFit(res.machine, res.host, fitted, res.compute_errors, res.update_errors, res.loss, stages, rse,
+                      at_bound)

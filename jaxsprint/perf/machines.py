@@ -11,14 +11,21 @@ The efficiency fields describe how close a layer gets to the roofline (see
 :func:`jaxsprint.perf.times.compute_time_s`). For the GPU presets they are *assumed* values
 (documented in ``sources``); the paper used measured cuDNN per-layer times, which calibrating these
 fields to measured step times plays the role of: the ``cpu`` preset's were fitted by
-``experiments/calibrate.py`` to the stored step times of ``docs/perf-calibration.json``
-(:data:`CPU_CALIBRATION_COMMAND`), and the same launcher measures and fits any machine it runs on.
+``experiments/calibrate.py`` to the stored step times of ``docs/perf-calibration.json`` (the command is in its
+file), and the same launcher measures and fits any machine it runs on.
+
+The datasheet presets are code (their figures are cited arithmetic: GB, Gbit, halved bidirectional totals);
+the fitted ones are data, JSON files in ``jaxsprint/perf/data/`` (:data:`DATA_DIR`) read by
+:func:`jaxsprint.perf.presets.load_preset`. The runtime's figures of a host (learners sharing cores, the
+updater's own costs, the cycles' jitter) are not a machine's: :class:`jaxsprint.calibration.host.HostFigures`.
 
 Every figure of every preset has an entry in ``sources``: a datasheet or paper, "assumed" with the
 reasoning, "chosen" (a modelling decision), or the command that fitted it and the file it was fitted on.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import jax
@@ -29,6 +36,7 @@ from jaxsprint.errors import ConfigError
 
 GB = 1e9
 Gbit = 1e9 / 8
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the presets that are data
 
 
 @struct.dataclass
@@ -79,34 +87,6 @@ class Machine:
       updater_passes: Passes of the momentum update over the 4P bytes of parameters
         (read gradient, read+write momentum, read+write weights: 5).
       updater_overhead_s: Fixed overhead per updater cycle.
-      cores_per_node: Compute units the node's learners run on (physical cores for CPU learners, the
-        accelerators for GPU ones), shared by every learner of the node and by its updaters while they work
-        (see :func:`jaxsprint.perf.times.runtime_times`). Default: ``gpus_per_node``.
-      learner_overhead_s: Per-cycle host cost of one learner besides its device step (the weight fetch,
-        the gradient's hand-off into the node buffer, Python dispatch), done under the host process's
-        interpreter lock: the learners of one process do it one at a time. Default 0.
-      learner_step_cores: Compute units one learner's device step takes when the learners keep every unit
-        busy, at large sub-batches (a CPU step may spread over more than one core, and its memory traffic
-        slows its neighbours'; 1 for an accelerator). Default 1.
-      updater_per_learner_s: The updater's own cost per cycle for each learner of its host (taking in
-        that learner's gradients and statistics). Default 0.
-      updater_queue: Once the learners fill the cores, the updater's own work per cycle also waits this
-        fraction of one learner's device step (its computations queue behind the learners' on the shared
-        compute units). Default 0.
-      updater_hosts_stretch: With several co-located hosts (processes of one machine), the updater's own
-        work takes ``1 + updater_hosts_stretch`` times as long (each cycle's all-reduce waits for the slower
-        process). Default 0.
-      updater_cores: Compute units an updater takes while it works (its busy fraction of the cycle), which
-        the learners then lack. Default 0.
-      updater_apply_s: The updater's own cost of applying an update (the optimizer step), which a cycle that
-        gathered no gradient skips. Default 0.
-      learner_step_cores_half_batch: Sub-batch at which a step on busy cores takes half of its excess over
-        one compute unit, ``1 + (learner_step_cores - 1) b / (b + this)``; 0: ``learner_step_cores`` at every
-        sub-batch. Default 0.
-      learner_cv: Coefficient of variation of a learner's cycle (the jitter of ``T_c``) in the model's
-        distributions. Default 0.05.
-      updater_cv: Coefficient of variation of the updater's cycle (``update_cv`` of
-        :func:`jaxsprint.perf.sprint.distributions`). Default 0 (a deterministic cycle).
       name: Preset name (static).
       description: One line (static).
       sources: ``(field, source)`` pairs saying where each number comes from (static).
@@ -142,17 +122,6 @@ class Machine:
     step_overhead_s: jax.Array
     updater_passes: jax.Array
     updater_overhead_s: jax.Array
-    cores_per_node: jax.Array
-    learner_overhead_s: jax.Array
-    learner_step_cores: jax.Array
-    updater_per_learner_s: jax.Array
-    updater_queue: jax.Array
-    updater_hosts_stretch: jax.Array
-    updater_cores: jax.Array
-    updater_apply_s: jax.Array
-    learner_step_cores_half_batch: jax.Array
-    learner_cv: jax.Array
-    updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="machine")
     description: str = struct.field(pytree_node=False, default="")
     sources: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
@@ -187,32 +156,6 @@ _GPU_EFFICIENCY_SOURCES = {
 }
 
 
-# Figures of the real runtime on a node (learners sharing compute units, the updater's own cost, the
-# jitter of both cycles), added after the presets were made: a preset or a preset file that lacks them
-# gets these values, which leave the SPRINT model of separate accelerators unchanged (None: the
-# figure named instead, i.e. as many units as learners).
-RUNTIME_DEFAULTS: dict[str, float | str] = dict(
-    cores_per_node="gpus_per_node", learner_overhead_s=0.0, learner_step_cores=1.0, updater_per_learner_s=0.0,
-    updater_queue=0.0, updater_hosts_stretch=0.0, updater_cores=0.0, updater_apply_s=0.0,
-    learner_step_cores_half_batch=0.0, learner_cv=0.05, updater_cv=0.0)
-# Runtime figures of an earlier form of the runtime model (a sharing exponent per cycle, a queue fraction for
-# several hosts): a preset file saved with them still loads, without them.
-RETIRED_FIELDS = ("learner_contention", "updater_contention", "updater_queue_hosts")
-_RUNTIME_DEFAULT_SOURCES = {
-    "cores_per_node": "default: gpus_per_node (every learner has its own accelerator)",
-    "learner_overhead_s": "default: 0 (host cost of a learner cycle not modelled)",
-    "learner_step_cores": "default: 1 (a step keeps one compute unit busy)",
-    "updater_per_learner_s": "default: 0 (the updater's cost does not grow with the learners)",
-    "updater_queue": "default: 0 (the updater's work never waits for the learners')",
-    "updater_hosts_stretch": "default: 0 (co-located hosts do not slow each other's updater)",
-    "updater_cores": "default: 0 (the updater takes no compute unit from the learners)",
-    "updater_apply_s": "default: 0 (an empty updater cycle costs as much as one that applies an update)",
-    "learner_step_cores_half_batch": "default: 0 (a step takes learner_step_cores on busy cores at every sub-batch)",
-    "learner_cv": "default: 0.05 (assumed compute jitter)",
-    "updater_cv": "default: 0 (a deterministic updater cycle, the protocol's assumption)",
-}
-
-
 def _check_field(field: str) -> None:
     if field not in FIELDS:
         raise ConfigError("field", field, f"a machine figure: one of {', '.join(FIELDS)}")
@@ -221,28 +164,17 @@ def _check_field(field: str) -> None:
 def make_machine(name: str, description: str, sources: dict[str, str], **figures: float) -> Machine:
     """Builds a :class:`Machine` from keyword figures (all fields of the dataclass are required).
 
-    The runtime figures (:data:`RUNTIME_DEFAULTS`) may be left out: they then take their defaults, with a
-    source that says so.
-
     Raises:
       ConfigError: a missing, unknown, non-finite or non-positive figure (zero allowed for overheads,
-        cache-miss slowdowns, ``half_efficiency_batch`` and the two cvs, where it means "off").
+        cache-miss slowdowns and ``half_efficiency_batch``, where it means "off").
     """
-    figures = {k: v for k, v in figures.items() if k not in RETIRED_FIELDS}
-    sources = {k: v for k, v in sources.items() if k not in RETIRED_FIELDS}
-    for field, default in RUNTIME_DEFAULTS.items():
-        if field not in figures:
-            figures[field] = figures.get(default) if isinstance(default, str) else default
-            sources.setdefault(field, _RUNTIME_DEFAULT_SOURCES[field])
     missing = [f for f in FIELDS if f not in figures or figures[f] is None]
     if missing:
         raise ConfigError(f"machine {name!r} figures", tuple(missing), "present: every figure of a Machine")
     for field, value in figures.items():
         _check_field(field)
         allow_zero = (field.endswith("overhead_s") or field.startswith("cache_miss_slowdown")
-                      or field in ("half_efficiency_batch", "learner_cv", "updater_cv", "updater_queue",
-                                   "updater_per_learner_s", "updater_hosts_stretch", "updater_cores",
-                                   "updater_apply_s", "learner_step_cores_half_batch"))
+                      or field == "half_efficiency_batch")
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -367,129 +299,11 @@ def _dgx(gpu: str) -> Machine:
         **_GPU_EFFICIENCY)
 
 
-# The command that fitted the cpu preset's compute figures: the small-CNN calibration set (40 plain-SGD train
-# steps of 16-32 px VGG-like CNNs, single-threaded XLA:CPU, CPU time, the per-shape minimum of two measuring
-# runs; docs/perf-model.md), a random half held out, nine figures fitted with a robust loss inside the bounds
-# the set was first fitted in (efficiencies at most 1: XLA's direct convolutions). It starts from this preset,
-# so a rerun reproduces the numbers below to a few percent (more for the weakly identified ones).
-CPU_CALIBRATION_COMMAND = (
-    "python experiments/calibrate.py --measurements=docs/perf-calibration.json --base=cpu "
-    "--holdout_batches= --holdout_fraction=0.5 --holdout_seed=1 --loss=soft_l1 --loss_scale=0.1 "
-    "--fit_fields=efficiency_fwd,efficiency_bwd_weight,half_efficiency_rows,half_efficiency_cols,"
-    "half_efficiency_depth,cache_bytes,cache_miss_slowdown_weight_grad,norm_memory_efficiency,"
-    "maxpool_backward_memory_efficiency "
-    "--bounds=efficiency_fwd=0.01:1,efficiency_bwd_weight=0.01:1,half_efficiency_rows=1:1e4,"
-    "half_efficiency_cols=0.1:1e3,half_efficiency_depth=0.1:1e3,cache_bytes=1e5:1e9,"
-    "cache_miss_slowdown_weight_grad=1e-3:10,norm_memory_efficiency=1e-3:1,maxpool_backward_memory_efficiency=1e-3:1"
-)
-_FITTED = ("fitted by `python experiments/calibrate.py --measurements=docs/perf-calibration.json ...` on "
-           "docs/perf-calibration.json (the whole command: machines.CPU_CALIBRATION_COMMAND; held-out median "
-           "error 6.1%)")
-_CHOSEN = "chosen before the fit and held fixed by it (the fit of CPU_CALIBRATION_COMMAND keeps it)"
+def _packaged(name: str) -> Machine:
+    """A preset shipped as data (``DATA_DIR/<name>.json``)."""
+    from jaxsprint.perf import presets  # the file reader (which builds machines with make_machine)
 
-# The cpu preset's compute figures: fitted ones rounded to 4 significant digits.
-CPU_CALIBRATION = dict(
-    efficiency_fwd=0.9877, efficiency_bwd_data=0.9877, efficiency_bwd_weight=0.9911,
-    half_efficiency_rows=86.71, half_efficiency_cols=7.896, half_efficiency_depth=51.14, half_efficiency_batch=0.0,
-    efficiency_sharpness=2.0, cache_bytes=55.38e6, cache_miss_slowdown=0.0,
-    cache_miss_slowdown_weight_grad=9.824, memory_efficiency=1.0, norm_memory_efficiency=0.4023,
-    maxpool_backward_memory_efficiency=0.9841, per_layer_overhead_s=2e-6, step_overhead_s=2e-5)
-_CPU_CALIBRATION_SOURCES = {
-    **{f: _FITTED for f in ("efficiency_fwd", "efficiency_bwd_weight", "half_efficiency_rows",
-                            "half_efficiency_cols", "half_efficiency_depth", "cache_bytes",
-                            "cache_miss_slowdown_weight_grad", "norm_memory_efficiency",
-                            "maxpool_backward_memory_efficiency")},
-    "efficiency_bwd_data": "tied to efficiency_fwd (XLA:CPU runs the input gradient with the forward "
-                           f"convolution kernel), {_FITTED}",
-    "half_efficiency_batch": "chosen: 0 (off); experiments/calibrate.py fits it for presets of this "
-                             "project's ResNets on the native CPU kernels",
-    "efficiency_sharpness": f"{_CHOSEN}: 2, a sharper knee than the hyperbolic form (SIMD width)",
-    "cache_miss_slowdown": f"{_CHOSEN}: 0, the forward passes showed no working-set slowdown",
-    "memory_efficiency": f"{_CHOSEN}: 1, memory_bandwidth_bytes_per_s is the effective stream rate",
-    "per_layer_overhead_s": f"{_CHOSEN}: 2 us per layer call",
-    "step_overhead_s": f"{_CHOSEN}: 20 us per step",
-}
-
-
-def _cpu() -> Machine:
-    return make_machine(
-        "cpu", "the calibration CPU: one learner per core of a 2-core AMD EPYC (XLA:CPU, one thread each)",
-        {
-            "peak_flops_per_s": "measured once when the preset was made (not stored, cannot be regenerated "
-                                "from a file; kept): a single-threaded 512x512 fp32 matmul (XLA:CPU) ran "
-                                "104 GFLOP per CPU-second (boost clock)",
-            "memory_bandwidth_bytes_per_s": "chosen: 20 GB/s, below the about 30 GB/s (read + write) a "
-                                            "single-threaded numpy copy of 200 MB moved when the preset was made "
-                                            "(not stored; kept); the fitted memory efficiencies are relative "
-                                            "to it",
-            "device_memory_bytes": "assumed: 8 GB of host RAM available to JAX",
-            "host_device_bandwidth_bytes_per_s": "chosen: a host memory copy, same as memory bandwidth",
-            "host_memory_bandwidth_bytes_per_s": "assumed: 10 GB/s for one updater thread",
-            "network_bandwidth_bytes_per_s": "single node: loopback, assumed 10 GB/s (experiments/calibrate.py "
-                                             "fits it from local all-reduces)",
-            "network_latency_s": "single node: assumed 5 us (experiments/calibrate.py fits it)",
-            "intra_node_bandwidth_bytes_per_s": "fake devices share memory: assumed 10 GB/s",
-            "intra_node_latency_s": "assumed 5 us",
-            "storage_bandwidth_bytes_per_s": "in-memory data: assumed 10 GB/s",
-            "max_nodes": "one node",
-            "gpus_per_node": "2 cores = 2 learners (more fake CPU devices would share the cores, "
-                             "which the model does not describe)",
-            "updater_passes": "protocol: read the gradient, read + write the momentum, read + write the weights",
-            "updater_overhead_s": "assumed: 0.1 ms per updater cycle (experiments/calibrate.py fits it)",
-            **_CPU_CALIBRATION_SOURCES,
-        },
-        peak_flops_per_s=104e9, memory_bandwidth_bytes_per_s=20 * GB, device_memory_bytes=8 * GB,
-        host_device_bandwidth_bytes_per_s=20 * GB, host_memory_bandwidth_bytes_per_s=10 * GB,
-        network_bandwidth_bytes_per_s=10 * GB, network_latency_s=5e-6,
-        intra_node_bandwidth_bytes_per_s=10 * GB, intra_node_latency_s=5e-6,
-        storage_bandwidth_bytes_per_s=10 * GB, max_nodes=1, gpus_per_node=2,
-        updater_passes=5.0, updater_overhead_s=1e-4, **CPU_CALIBRATION)
-
-
-# The command that measures and fits the cpu_runtime preset's figures (jaxsprint.runtime on this machine: one
-# learner's gradient step at five sub-batches, runtime runs of 1-8 learners with and without an emulated
-# network, gloo all-reduces over 2 processes; about 10 minutes on a quiet machine). It writes
-# docs/runtime-calibration.json and prints CPU_RUNTIME_CALIBRATION as below.
-CPU_RUNTIME_CALIBRATION_COMMAND = (
-    "python experiments/calibrate_runtime.py --out=docs/runtime-calibration.json")
-CPU_RUNTIME_CALIBRATION_FILE = "docs/runtime-calibration.json"
-_RUNTIME_FITTED = (f"fitted by `{CPU_RUNTIME_CALIBRATION_COMMAND}` (stored in {CPU_RUNTIME_CALIBRATION_FILE}; "
-                   "experiments/calibrate_runtime.py --fit_only refits the stored measurements)")
-_RUNTIME_PROVISIONAL = ("provisional: not measured yet; a round figure near the first probe of the runtime "
-                        f"(2 cores, 2-8 learners), to be replaced by the fit of `{CPU_RUNTIME_CALIBRATION_COMMAND}`")
-# The fitted figures of the cpu_runtime preset (4 significant digits) and whether they come from the fit.
-CPU_RUNTIME_FITTED = True
-CPU_RUNTIME_CALIBRATION = dict(
-    efficiency_fwd=0.6033, half_efficiency_batch=2.329, step_overhead_s=1.013e-06,
-    learner_overhead_s=0.001136, learner_step_cores=1.147, updater_overhead_s=1e-06, updater_per_learner_s=5.235e-05,
-    updater_cores=0.07875, updater_hosts_stretch=4.624, updater_queue=0.0001, network_latency_s=0.0001542,
-    network_bandwidth_bytes_per_s=1703000000.0, learner_cv=0.2731, updater_cv=1.649, updater_apply_s=0.001183,
-    learner_step_cores_half_batch=0.5)
-
-
-def _cpu_runtime() -> Machine:
-    """This machine running :mod:`jaxsprint.runtime`: the ``cpu`` preset with the runtime's figures.
-
-    The compute figures are fitted to the runtime network's XLA cost table (a two-row table of
-    :func:`jaxsprint.perf.networks.from_flax`, as :func:`jaxsprint.calibration.timing.runtime_network` builds it),
-    so use this preset with that table, not with the layer tables of the zoo.
-    """
-    base = _cpu()
-    figures = {f: float(getattr(base, f)) for f in FIELDS}
-    sources = dict(base.sources)
-    note = _RUNTIME_FITTED if CPU_RUNTIME_FITTED else _RUNTIME_PROVISIONAL
-    figures.update(CPU_RUNTIME_CALIBRATION, efficiency_bwd_data=CPU_RUNTIME_CALIBRATION["efficiency_fwd"],
-                   efficiency_bwd_weight=CPU_RUNTIME_CALIBRATION["efficiency_fwd"], cores_per_node=2.0)
-    sources.update({f: note for f in CPU_RUNTIME_CALIBRATION})
-    sources.update({
-        "efficiency_bwd_data": f"tied to efficiency_fwd (one figure for the whole XLA table), {note}",
-        "efficiency_bwd_weight": f"tied to efficiency_fwd (one figure for the whole XLA table), {note}",
-        "cores_per_node": "2 physical cores (the learners of every process on this machine share them)",
-        "gpus_per_node": "2 cores; the runtime's learners_per_host is given per prediction",
-    })
-    return make_machine(
-        "cpu_runtime", "this 2-core machine running jaxsprint.runtime: learner threads on fake CPU devices "
-        "sharing the cores, one updater thread, gloo between processes", sources, **figures)
+    return presets.load_preset(os.path.join(DATA_DIR, f"{name}.json"))[0]
 
 
 PRESETS = {
@@ -498,9 +312,9 @@ PRESETS = {
     "abci": _abci,
     "dgx_h100": lambda: _dgx("h100"),
     "dgx_h200": lambda: _dgx("h200"),
-    "cpu": _cpu,
-    "cpu_runtime": _cpu_runtime,
 }
+PRESETS.update({name[:-5]: functools.partial(_packaged, name[:-5])
+                for name in sorted(os.listdir(DATA_DIR)) if name.endswith(".json")})
 
 
 def get(name: str) -> Machine:
@@ -539,7 +353,4 @@ def describe(machine: Machine) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CPU_CALIBRATION", "CPU_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION",
-           "CPU_RUNTIME_CALIBRATION_COMMAND", "CPU_RUNTIME_CALIBRATION_FILE", "CPU_RUNTIME_FITTED", "FIELDS",
-           "RETIRED_FIELDS", "RUNTIME_DEFAULTS", "Machine", "PRESETS", "describe", "get",
-           "make_machine", "with_figures"]
+__all__ = ["DATA_DIR", "FIELDS", "Machine", "PRESETS", "describe", "get", "make_machine", "with_figures"]

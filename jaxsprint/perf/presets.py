@@ -1,10 +1,11 @@
 """Machine presets as files: a machine's figures and their sources, in and out of JSON.
 
 A **preset** (format :data:`PRESET_FORMAT`) holds a machine's figures and their sources, plus whatever its
-writer adds (fit summary, jitter, the measurements it was fitted on). :func:`save_preset` writes one,
-:func:`load_preset` reads it back, :func:`load_machine` takes a preset name or a preset file (the
-``--machine`` / ``--machine_file`` flags of the launchers). Measurement files, the calibration's input, are
-read by :mod:`jaxsprint.calibration.measurements`.
+writer adds (the fit's command, relative standard errors, a ``host`` section of runtime figures that
+:func:`jaxsprint.calibration.host.load_host` reads). :func:`save_preset` writes one, :func:`load_preset` reads
+it back, :func:`load_machine` takes a preset name or a preset file (the ``--machine`` / ``--machine_file``
+flags of the launchers). The fitted presets ship as such files (:data:`jaxsprint.perf.machines.DATA_DIR`).
+Measurement files, the calibration's input, are read by :mod:`jaxsprint.calibration.measurements`.
 """
 from __future__ import annotations
 
@@ -20,16 +21,20 @@ from jaxsprint.perf.machines import Machine
 __all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "load_machine", "load_preset", "save_preset"]
 
 PRESET_FORMAT = "jaxsprint-machine-1"
-# experiments/calibrate_runtime.py's output: its measurements and fit, and the fitted machine's every figure.
+# experiments/calibrate_runtime.py's measurement file (its --measurements; not a preset).
 RUNTIME_CALIBRATION_FORMAT = "jaxsprint-runtime-calibration-1"
-_FORMATS = (PRESET_FORMAT, RUNTIME_CALIBRATION_FORMAT)
 WRITER = "a file written by experiments/calibrate.py or experiments/calibrate_runtime.py"
+
+
+def figure(value: Any) -> float:
+    """A float32 figure as the decimal it stands for (7 significant digits: 1.04e11, not 103999995904.0)."""
+    return float(f"{float(value):.7g}")
 
 
 def save_preset(path: str, machine: Machine, **extra: Any) -> None:
     """Writes ``machine`` (every figure, its sources) and ``extra`` (fit summary, cv, ...) as JSON."""
     data = dict(format=PRESET_FORMAT, name=machine.name, description=machine.description,
-                figures={f: float(getattr(machine, f)) for f in machines.FIELDS},
+                figures={f: figure(getattr(machine, f)) for f in machines.FIELDS},
                 sources=dict(machine.sources), **extra)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
@@ -55,15 +60,14 @@ def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
     """
     what = f"JSON machine preset ({WRITER})"
     data = read_json(path, "machine_file", what)
-    if not isinstance(data, dict) or data.get("format") not in _FORMATS:
-        raise DataError("machine_file", path, f"a {what}: a JSON object with format {' or '.join(map(repr, _FORMATS))}")
+    if not isinstance(data, dict) or data.get("format") != PRESET_FORMAT:
+        raise DataError("machine_file", path, f"a {what}: a JSON object with format {PRESET_FORMAT!r}")
     if not isinstance(data.get("figures"), dict):
         raise DataError("machine_file", path, f"a {what} with a 'figures' object")
     figures = dict(data["figures"])
     figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
     try:
-        default_name = "cpu_runtime" if data["format"] == RUNTIME_CALIBRATION_FORMAT else "machine"
-        m = machines.make_machine(str(data.get("name", default_name)), str(data.get("description", "")),
+        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
                                   {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
     except ConfigError as e:
         raise DataError("machine_file", path, f"a {what} with valid figures ({e})") from None

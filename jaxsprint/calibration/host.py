@@ -1,0 +1,319 @@
+r"""The runtime's cost form on one host: :class:`HostFigures` beside a :class:`~jaxsprint.perf.machines.Machine`.
+
+:mod:`jaxsprint.runtime` runs learner threads that may share cores and an updater thread per host process.
+Its cycles are a closed network with two shared resources, each process's interpreter lock and the ``C``
+compute units (``cores_per_node``); the figures of that form are a host's, not the SPRINT model's, so they
+live here (the machine keeps the model's: device step, bandwidths, ``updater_overhead_s``):
+
+.. math::
+    T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
+    t_{lone} = T_c(b) + g, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
+    t_{cores} = \frac{N\,p(b)\,T_c(b)}{C - H \beta c_u}, \quad
+    p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
+    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad \beta = t_{own} / T_u, \\
+    t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + c\,N_h + q\,u\,T_c(b)
+              + t_{apply}\,(1 - e^{-N_{all} T_u / T_c})\big)\big(1 + s_H [nodes > 1]\big)
+
+``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
+(host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
+``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``q`` = ``updater_queue`` once the learners
+fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` paid by the cycles that
+gather a gradient (Poisson arrivals; :func:`runtime_times` iterates the coupled pair), ``s_H`` =
+``updater_hosts_stretch``, ``t_net`` the runtime's emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+With the neutral figures (:func:`neutral`) the learner's cycle is the smooth maximum of ``T_c(b)`` and
+``N T_c(b) / C`` and the updater's the SPRINT model's. The form, its screen and the shipped figures:
+docs/sprint-runtime.md. Host figures are the ``host`` section of a machine's preset file (one file per machine,
+the shipped ones in :data:`jaxsprint.perf.machines.DATA_DIR`; :func:`load_host`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxsprint.errors import ConfigError, DataError
+from jaxsprint.perf import collectives, machines, presets
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
+from jaxsprint.perf.times import compute_time_s
+
+__all__ = ["FIELDS", "HOST_FORMAT", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS",
+           "RuntimeTimes", "host_json", "load_host", "make_host", "neutral", "nonempty_probability",
+           "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped", "step_cores",
+           "with_figures"]
+
+RUNTIME_ITERATIONS = 12  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
+# Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
+# bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
+RUNTIME_SHARPNESS = 4.0
+HOST_FORMAT = "jaxsprint-host-1"
+
+
+@struct.dataclass
+class HostFigures:
+    """The runtime's figures of one host (units in the names: ``_s`` seconds, ``_cores`` compute units).
+
+    Attributes:
+      cores_per_node: ``C``, the compute units every learner of the host (and its updaters) share.
+      learner_overhead_s: ``g``, a learner's host work per cycle besides its device step, under the lock.
+      learner_step_cores: ``p``, the units one step takes on busy cores at large sub-batches.
+      learner_step_cores_half_batch: ``b_p`` (samples): half of ``p - 1`` is reached there; 0: ``p`` always.
+      updater_per_learner_s: ``c``, the updater's own cost per cycle for each learner of its host.
+      updater_queue: ``q``, the fraction of one device step the updater's work waits once the cores are full.
+      updater_hosts_stretch: ``s_H``, the stretch of the updater's own work with several co-located hosts.
+      updater_cores: ``c_u``, the units an updater takes while it works.
+      updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
+      learner_cv: Coefficient of variation of the learner cycle.
+      updater_cv: Coefficient of variation of the updater's own work.
+      name: Name (static).
+      sources: ``(field, source)`` pairs (static).
+    """
+
+    cores_per_node: jax.Array
+    learner_overhead_s: jax.Array
+    learner_step_cores: jax.Array
+    learner_step_cores_half_batch: jax.Array
+    updater_per_learner_s: jax.Array
+    updater_queue: jax.Array
+    updater_hosts_stretch: jax.Array
+    updater_cores: jax.Array
+    updater_apply_s: jax.Array
+    learner_cv: jax.Array
+    updater_cv: jax.Array
+    name: str = struct.field(pytree_node=False, default="host")
+    sources: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
+
+
+FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
+_POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
+# The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
+NEUTRAL: dict[str, tuple[float, str]] = dict(
+    learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
+    learner_step_cores=(1.0, "neutral: 1 (a step keeps one compute unit busy)"),
+    learner_step_cores_half_batch=(0.0, "neutral: 0 (learner_step_cores at every sub-batch)"),
+    updater_per_learner_s=(0.0, "neutral: 0 (the updater's cost does not grow with the learners)"),
+    updater_queue=(0.0, "neutral: 0 (the updater's work never waits for the learners')"),
+    updater_hosts_stretch=(0.0, "neutral: 0 (co-located hosts do not slow each other's updater)"),
+    updater_cores=(0.0, "neutral: 0 (the updater takes no compute unit from the learners)"),
+    updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
+    learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
+    updater_cv=(0.0, "neutral: 0 (a deterministic updater cycle, the protocol's assumption)"),
+)
+
+
+def _check_field(field: str) -> None:
+    if field not in FIELDS:
+        raise ConfigError("field", field, f"a host figure: one of {', '.join(FIELDS)}")
+
+
+def make_host(name: str, sources: dict[str, str], **figures: float) -> HostFigures:
+    """A :class:`HostFigures` from every figure (finite, >= 0; > 0 for ``cores_per_node`` and ``learner_step_cores``).
+
+    Raises:
+      ConfigError: a missing, unknown or invalid figure.
+    """
+    missing = [f for f in FIELDS if figures.get(f) is None]
+    if missing:
+        raise ConfigError(f"host {name!r} figures", tuple(missing), "present: every figure of HostFigures")
+    for field, value in figures.items():
+        _check_field(field)
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = float("nan")
+        if not math.isfinite(v) or v < 0 or (v == 0 and field in _POSITIVE):
+            raise ConfigError(field, value, f"a finite number {'> 0' if field in _POSITIVE else '>= 0'} (host {name!r})")
+    return HostFigures(**{k: jnp.float32(v) for k, v in figures.items()}, name=name,
+                       sources=tuple((f, str(sources.get(f, ""))) for f in FIELDS))
+
+
+def neutral(machine: Machine) -> HostFigures:
+    """The neutral figures for ``machine`` (:data:`NEUTRAL`; one compute unit per accelerator)."""
+    figures = {f: v for f, (v, _) in NEUTRAL.items()}
+    sources = {f: s for f, (_, s) in NEUTRAL.items()}
+    sources["cores_per_node"] = "neutral: the machine's gpus_per_node (every learner has its own accelerator)"
+    return make_host(machine.name, sources, cores_per_node=float(machine.gpus_per_node), **figures)
+
+
+def with_figures(host: HostFigures, **figures: Any) -> HostFigures:
+    """A copy of ``host`` with some figures replaced.
+
+    Raises:
+      ConfigError: an unknown figure.
+    """
+    for field in figures:
+        _check_field(field)
+    return host.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in figures.items()})
+
+
+def host_json(host: HostFigures, **extra: Any) -> dict[str, Any]:
+    """The ``host`` section of a preset file: figures, sources and ``extra`` (e.g. ``fitted``, ``rel_std_error``)."""
+    return dict(format=HOST_FORMAT, name=host.name, figures={f: presets.figure(getattr(host, f)) for f in FIELDS},
+                sources=dict(host.sources), **extra)
+
+
+def _from_json(section: Any, path: str) -> HostFigures:
+    what = f"a host section (format {HOST_FORMAT!r}) with every figure of HostFigures"
+    if not isinstance(section, dict) or section.get("format") != HOST_FORMAT or not isinstance(
+            section.get("figures"), dict):
+        raise DataError("machine_file", path, what)
+    try:
+        return make_host(str(section.get("name", "host")), {str(k): str(v) for k, v in
+                                                            section.get("sources", {}).items()}, **section["figures"])
+    except ConfigError as e:
+        raise DataError("machine_file", path, f"{what} ({e})") from None
+
+
+def shipped() -> tuple[str, ...]:
+    """Names of the shipped machine presets whose files have a host section."""
+    return tuple(n for n in sorted(machines.PRESETS) if "host" in _shipped_file(n)[1])
+
+
+def _shipped_file(name: str) -> tuple[str, dict[str, Any]]:
+    path = os.path.join(machines.DATA_DIR, f"{name}.json")
+    if not os.path.exists(path):
+        return path, {}
+    with open(path) as fh:
+        return path, json.load(fh)
+
+
+def load_host(machine: Machine, name: str | None = None, path: str | None = None) -> HostFigures:
+    """The host figures that go with ``machine``: the ``host`` section of a preset file (``path``: the launchers'
+    ``--machine_file``), else the shipped ones of preset ``name`` (:func:`shipped`), else :func:`neutral`.
+
+    Raises:
+      DataError: an unreadable file, or a host section that is not valid.
+    """
+    if path:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except (OSError, json.JSONDecodeError) as e:
+            raise DataError("machine_file", path, f"a readable JSON preset ({e})") from None
+        return _from_json(data["host"], path) if isinstance(data, dict) and "host" in data else neutral(machine)
+    file, data = _shipped_file(name) if name else ("", {})
+    return _from_json(data["host"], file) if "host" in data else neutral(machine)
+
+
+def step_cores(host: HostFigures, sub_batch: jax.Array) -> jax.Array:
+    """Compute units one learner step takes on busy cores: ``1 + (p - 1) b / (b + b_p)``, ``p`` at ``b_p = 0``."""
+    b = jnp.asarray(sub_batch, jnp.float32)
+    half = host.learner_step_cores_half_batch
+    frac = jnp.where(half > 0, b / (b + jnp.maximum(half, 1e-30)), 1.0)
+    return 1.0 + (host.learner_step_cores - 1.0) * frac
+
+
+def nonempty_probability(gradients_per_cycle: jax.Array) -> jax.Array:
+    """Chance that an updater cycle gathers at least one gradient: ``1 - exp(-m)``, ``m`` the mean count."""
+    return -jnp.expm1(-jnp.maximum(gradients_per_cycle, 0.0))
+
+
+def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy):
+    """:func:`runtime_compute_time_s` from its device step ``step`` (computed once by the callers)."""
+    c = host.cores_per_node if cores is None else cores
+    n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
+    g = host.learner_overhead_s
+    lone = step + g
+    lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
+    units = n * step_cores(host, sub_batch) * step / jnp.maximum(1e-3, c - updater_demand)
+    k = RUNTIME_SHARPNESS
+    top = jnp.maximum(jnp.maximum(lone, lock), units)  # scaled, so that the powers stay in float32 range
+    return top * ((lone / top) ** k + (lock / top) ** k + (units / top) ** k) ** (1.0 / k)
+
+
+def runtime_compute_time_s(network: NetworkCost, machine: Machine, host: HostFigures, sub_batch: jax.Array,
+                           learners: jax.Array, *, learners_per_host: jax.Array | None = None,
+                           cores: jax.Array | None = None, updater_demand: jax.Array = 0.0,
+                           updater_busy: jax.Array = 0.0) -> jax.Array:
+    """Learner cycle ``T_c``: the smooth maximum of its three bounds (module docstring), in seconds.
+
+    ``learners``: ``N`` on the cores (every host's when the hosts are processes of one machine);
+    ``learners_per_host``: ``N_h`` sharing one lock (default ``N``); ``cores``: ``C`` (default the host's);
+    ``updater_demand``: ``H beta c_u``; ``updater_busy``: ``beta``.
+    """
+    n = jnp.asarray(learners, jnp.float32)
+    step = compute_time_s(network, machine, sub_batch, gpus_per_node=n)
+    return _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy)
+
+
+def _update_parts(network, machine, host, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
+                  sub_batch=None, co_located=True):
+    """``(own work of every cycle, own work of applying an update, the network's part)`` of the updater cycle."""
+    c = host.cores_per_node if cores is None else cores
+    n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
+    g = jnp.asarray(learners, jnp.float32)
+    h = jnp.asarray(nodes, jnp.float32)
+    param_bytes = BYTES_PER_VALUE * network.total_params
+    t_host = (g + machine.updater_passes) * param_bytes / machine.host_memory_bandwidth_bytes_per_s
+    t_queue = 0.0
+    if sub_batch is not None:
+        full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
+        t_queue = host.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
+    stretch = (1.0 + jnp.where(h > 1, host.updater_hosts_stretch, 0.0)) if co_located else 1.0
+    t_base = (t_host + machine.updater_overhead_s + host.updater_per_learner_s * g + t_queue) * stretch
+    t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
+                                         machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
+    return t_base, host.updater_apply_s * stretch, t_net + jnp.asarray(network_time_s, jnp.float32)
+
+
+def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigures, nodes: jax.Array,
+                          learners: jax.Array, network_time_s: jax.Array = 0.0, *,
+                          sharing_learners: jax.Array | None = None, cores: jax.Array | None = None,
+                          algorithm: str = "ring", sub_batch: jax.Array | None = None, co_located: bool = True,
+                          nonempty: jax.Array = 1.0) -> jax.Array:
+    """Updater cycle ``T_u`` (module docstring): its own work, the emulated network, the all-reduce, in seconds.
+
+    ``nodes``: hosts all-reducing every cycle; ``learners``: ``N_h``; ``sharing_learners``: ``N`` on the
+    updater's cores (default ``N_h``); ``sub_batch``: for the queue term (None: none); ``co_located``: the
+    hosts are processes of one machine (stretch ``1 + s_H``); ``nonempty``: the share of cycles that apply.
+    """
+    t_base, t_apply, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
+                                            sharing_learners, cores, algorithm, sub_batch, co_located)
+    return t_base + t_apply * nonempty + t_wait
+
+
+class RuntimeTimes(NamedTuple):
+    """What the model needs of a runtime configuration: both cycle means and their coefficients of variation."""
+
+    t_compute_s: jax.Array  # mean learner cycle (s)
+    t_update_s: jax.Array  # mean updater cycle (s)
+    t_compute_cv: jax.Array
+    t_update_cv: jax.Array
+
+
+def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, learners_per_host: jax.Array,
+                  sub_batch: jax.Array, hosts: jax.Array = 1, network_time_s: jax.Array = 0.0,
+                  co_located: bool = True, algorithm: str = "ring") -> RuntimeTimes:
+    """``T_c``, ``T_u`` and their cvs of a runtime configuration, from the machine's and the host's figures.
+
+    The specs prediction of the runtime: feed it to :func:`jaxsprint.perf.sprint.distributions` (``n =
+    learners_per_host * hosts``). ``co_located``: the hosts are processes of one machine sharing its cores
+    (False: separate machines). The learner's cv is ``learner_cv``; the updater's own work jitters with
+    ``updater_cv`` while its network part is steady, so ``t_update_cv = updater_cv * own / T_u``.
+    """
+    per_host = jnp.asarray(learners_per_host, jnp.float32)
+    h = jnp.asarray(hosts, jnp.float32)
+    sharing = per_host * h if co_located else per_host
+    updaters = h if co_located else jnp.float32(1.0)
+
+    t_base, t_apply, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s, sharing,
+                                            None, algorithm, sub_batch, co_located)
+    step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
+
+    def cycles(nonempty):  # scalar arithmetic only: the fixed point below repeats it
+        t_own = t_base + t_apply * nonempty
+        t_u = t_own + t_wait
+        beta = t_own / t_u
+        t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
+                             beta)
+        return t_own, t_u, t_c
+
+    t_own, t_u, t_c = cycles(1.0)
+    for _ in range(RUNTIME_ITERATIONS):
+        t_own, t_u, t_c = cycles(nonempty_probability(per_host * h * t_u / t_c))
+    return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u)
