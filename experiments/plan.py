@@ -35,16 +35,14 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs", "plan.py"),
-                                          "The plan's ml_collections config (experiments/configs/plan.py).",
-                                          lock_config=True)
+_CONFIG = cli.define_config_file("config", os.path.join(_HERE, "configs", "plan.py"),
+                                 "The plan's ml_collections config (experiments/configs/plan.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json and plan.json are written (optional for a "
                                "plan); with config.runtime_configs, also where the runtime writes its runs.")
 _JSON, _PLOT = common_flags.JSON, common_flags.PLOT  # --plot: epoch time against predicted time to accuracy

@@ -35,15 +35,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import check  # noqa: E402
 from jaxsprint.perf import machines, simulate, sprint, zoo  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = cli.define_config_file(
     "config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "validate_model.py"),
-    "The validation's ml_collections config (experiments/configs/validate_model.py).", lock_config=True)
+    "The validation's ml_collections config (experiments/configs/validate_model.py).")
 _OUT_JSON = flags.DEFINE_string("out_json", "docs/perf-validation.json", "Summary and config (empty: do not write).")
 _ROWS_JSON = flags.DEFINE_string("rows_json", "", "Per-configuration results (empty: do not write).")
 _PLOT = flags.DEFINE_string("plot", "docs/perf-validation.png", "Plot (empty: do not write).")

@@ -20,8 +20,8 @@ from absl import app, flags
 
 from jaxsprint.errors import ConfigError, JaxsprintError
 
-__all__ = ["as_config_fields", "check_output_dir", "check_output_file", "config_beside_outputs", "fail",
-           "float_list", "guarded",
+__all__ = ["as_config_fields", "check_output_dir", "check_output_file", "config_beside_outputs",
+           "define_config_file", "fail", "float_list", "guarded", "override_error",
            "parse_flags", "run", "text_list", "write_config"]
 
 
@@ -88,6 +88,46 @@ def _check_config_flags(argv: Sequence[str]) -> None:
                 raise ConfigError(f"{name}.{m.group(1)}", m.group(2),
                                   f"not a field of the config file {path} (an override must name one of its "
                                   "fields; new fields go into the file)")
+
+
+def override_error(name: str, path: str, argv: Sequence[str], error: BaseException) -> ConfigError:
+    """The ConfigError of an override that ml_collections could not apply to the config file `path` of the flag
+    `name` (it raises a KeyError or AttributeError from inside the flag's parser): the first override in `argv`
+    that names no field of the file, or else the file and the cause."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.spec_from_file_location(f"_{name}_file_for_the_error", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config()
+    except Exception:  # noqa: BLE001 (the file itself is broken: say so below)
+        config = None
+    pattern = re.compile(rf"^--?(?:no)?{re.escape(name)}\.([^=]+)(?:=(.*))?$")
+    for arg in argv:
+        m = pattern.match(arg)
+        if m and config is not None and not _has_field(config, m.group(1)):
+            return ConfigError(f"{name}.{m.group(1)}", m.group(2),
+                               f"not a field of the config file {path} (an override must name one of its fields; "
+                               "new fields go into the file)")
+    cause = " ".join(str(error).split())[:200] or type(error).__name__
+    return ConfigError(f"--{name}", path, f"an ml_collections config file whose overrides apply ({cause})")
+
+
+def define_config_file(name: str, default: str, help_text: str):
+    """``config_flags.DEFINE_config_file(name, default, help_text, lock_config=True)`` for a launcher whose
+    config file has a default, so that ``--name.<field>=...`` works without ``--name=``.
+
+    ml_collections loads the default file and applies the command line's overrides as the flag is defined (at
+    the launcher's import); an override naming no field of the file would end there in a traceback. Here it
+    ends, as every bad input does, in exit status 2 and one line.
+    """
+    from ml_collections import config_flags
+
+    try:
+        return config_flags.DEFINE_config_file(name, default, help_text, lock_config=True)
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        fail(override_error(name, default, sys.argv, e))
 
 
 _ILLEGAL = re.compile(r"^flag --(?P<name>[^=]+)=(?P<value>.*?): (?P<why>.*)$", re.S)

@@ -2,7 +2,8 @@
 
     python tests/bad_input_driver.py LAUNCHER.py CASES.json OUT.json
 
-CASES.json is a list of ``{"id": str, "argv": [str, ...]}``. For each case the absl flags are reset, parsed
+CASES.json is a list of ``{"id": str, "argv": [str, ...]}``. For each case the absl flags are reset (a config
+flag's default file is loaded afresh with the case's overrides, as at the launcher's import), parsed
 from ``argv`` by :func:`jaxsprint.cli.parse_flags` and the launcher's ``main`` is called through
 :func:`jaxsprint.cli.guarded`, exactly the two steps of :func:`jaxsprint.cli.run`; a ``SystemExit`` gives
 the exit status, any other exception is printed as a traceback (status 1), as the interpreter would. The
@@ -41,6 +42,26 @@ def changed(before: dict, after: dict) -> list[str]:
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
+def _reload_default_configs(argv: list[str]) -> None:
+    """A config flag with a default file and no ``--name=`` in `argv`: a fresh copy of its default config, with
+    the override flags of `argv` defined, as ml_collections does when the launcher is imported by the command."""
+    from absl import flags
+    from ml_collections.config_flags import config_flags as cf
+
+    from jaxsprint import cli
+
+    for name, flag in list(flags.FLAGS._flags().items()):  # noqa: SLF001 (absl has no public iterator)
+        if name != flag.name or not cf.is_config_flag(flag) or flag.default is None:
+            continue
+        if any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv):
+            continue
+        path = str(flag.default_as_str).strip("'\"")
+        try:
+            flag.value = flag._parse(path)  # noqa: SLF001
+        except (KeyError, AttributeError) as e:  # what jaxsprint.cli.define_config_file does at import
+            cli.fail(cli.override_error(name, path, argv, e))
+
+
 def run_case(module, launcher: str, argv: list[str]) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of ``launcher argv`` in this process."""
     from absl import flags
@@ -56,6 +77,7 @@ def run_case(module, launcher: str, argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
+            _reload_default_configs(argv)
             remaining = cli.parse_flags([launcher] + list(argv))
             cli.guarded(module.main)(remaining)
             code = 0
