@@ -26,6 +26,59 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2 ** 30))
 
 
+def _stable_custom_partitioning_cache_keys() -> None:
+    """Lets the persistent cache hit on programs holding the native kernels' custom_partitioning calls.
+
+    JAX puts the address of a per-lowering Python object in each such call, so the cache key of every
+    sharded train step with the kernels differs from one build to the next and the cache never hits (every
+    train_and_evaluate compiled its step again). JAX's own switch drops the address from the key, but then
+    two calls with equal operands and different static arguments (strides, paddings) or partition rules
+    would share a key. Here the address is replaced, in the key only, by what the partitioner's result
+    depends on beside the program: the rule functions' names, the static arguments, the operand trees and
+    the mesh. In this process only (subprocesses keep JAX's default), and only where JAX's internals are as
+    expected: otherwise the cache just misses, as before.
+    """
+    try:
+        import jax
+        from jax._src import cache_key, custom_partitioning
+        from jax._src.lib.mlir import ir
+
+        callbacks = custom_partitioning._sharding_callbacks
+        ignore = cache_key.IgnoreCallbacks
+        original = cache_key._remove_callbacks
+    except (ImportError, AttributeError):
+        return
+
+    def describe(key: str) -> str | None:
+        info = callbacks.get(key.encode())
+        if info is None:
+            return None
+        fns = (info.partition, info.infer_sharding_from_operands, info.propagate_user_sharding)
+        names = [f"{f.__module__}.{f.__qualname__}" if f is not None else "-" for f in fns]
+        return "|".join([*names, repr(info.static_args), str(info.in_tree), str(info.out_tree), repr(info.mesh)])
+
+    def remove_callbacks(m, ignore_callbacks):
+        if ignore_callbacks != ignore.CUSTOM_PARTITIONING:
+            return original(m, ignore_callbacks)
+
+        def visit(op):
+            if (op.name == "stablehlo.custom_call" and "call_target_name" in op.attributes
+                    and ir.StringAttr(op.attributes["call_target_name"]).value == "CustomSPMDPartitioning"):
+                described = describe(ir.StringAttr(op.attributes["backend_config"]).value)
+                if described is not None:  # else the address stays: a key of its own
+                    op.attributes["backend_config"] = ir.StringAttr.get(described)
+            return ir.WalkResult.ADVANCE
+
+        m.operation.walk(visit)
+        return m
+
+    cache_key._remove_callbacks = remove_callbacks
+    jax.config.update("jax_remove_custom_partitioning_ptr_from_cache_key", True)
+
+
+_stable_custom_partitioning_cache_keys()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "devices(n): needs at least n JAX devices (the 8 fake CPU devices here; "
                                        "skipped on a machine with fewer accelerators)")
