@@ -6,7 +6,7 @@ import os
 import pytest
 
 from jaxsprint.errors import DataError
-from jaxsprint.calibration import host, measurements, model_fit
+from jaxsprint.calibration import host, host_fit, measurements, model_fit
 from jaxsprint.perf import presets, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
@@ -56,6 +56,25 @@ def test_a_runtime_preset_file_is_a_machine_file(tmp_path):
     bad.write_text(json.dumps({"format": presets.RUNTIME_CALIBRATION_FORMAT, "measurements": {}}))
     with raises_invalid("machine_file", str(bad), "format 'jaxsprint-machine-1'", DataError):
         presets.load_preset(str(bad))
+
+
+def test_no_shipped_fitted_figure_sits_on_a_bound():
+    """Every figure the shipped runtime calibration fitted has a finite relative standard error and ended inside
+    its bounds; the figures its data cannot determine are fixed (host_fit.FIXED), with the reason as source."""
+    with open(os.path.join(mc.DATA_DIR, "cpu_runtime.json")) as fh:
+        data = json.load(fh)
+    m, h = mc.get("cpu_runtime"), host.load_host(mc.get("cpu_runtime"), "cpu_runtime")
+    sources = {**dict(m.sources), **dict(h.sources)}
+    value = {**{f: float(getattr(m, f)) for f in mc.FIELDS}, **{f: float(getattr(h, f)) for f in host.FIELDS}}
+    assert data["fit"]["at_bound"] == [] and set(data["fixed"]) == set(host_fit.FIXED)
+    for f, (v, reason) in host_fit.FIXED.items():
+        assert value[f] == v and sources[f] == reason and f not in data["rel_std_error"], f
+    assert set(data["rel_std_error"]) == set(data["fitted"]) - {"learner_cv", "updater_cv"}
+    for f, se in data["rel_std_error"].items():
+        assert se is not None and 0 < se < 1e3, f
+        assert sources[f].startswith("fitted by") and data["command"] in sources[f], f
+        lo, hi = host_fit.RUNTIME_BOUNDS.get(f, (0.0, float("inf")))
+        assert lo * 1.03 < value[f] < hi / 1.03, f
 
 
 def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):

@@ -81,8 +81,8 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
 # Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
-# is flat in it, or kept a relative standard error above 10): experiments/calibrate_runtime.py holds them at these
-# values, fit_all(fixed=FIXED), instead of fitting them. {field: (value, the reason, which becomes its source)}.
+# is flat in it): experiments/calibrate_runtime.py holds them at these values, fit_all(fixed=FIXED), instead of
+# fitting them. {field: (value, the reason, which becomes its source)}.
 FIXED = {
     "step_overhead_s": (0.0, "fixed at 0, not fitted: five lone steps at sub-batch 8-128 cannot tell a fixed cost "
                              "per step from the small-batch slowdown (half_efficiency_batch); fitted, it ran onto "
@@ -93,9 +93,6 @@ FIXED = {
     "updater_queue": (0.0, "fixed at 0 (the queue term off), not fitted: the calibration runs that fill the cores "
                            "do not separate it from the updater's other costs; fitted, it ran onto its lower "
                            "bound, 1e-4 of a device step"),
-    "updater_cores": (0.0, "fixed at 0 (the updater takes no compute unit from the learners), not fitted: the "
-                           "calibration runs hardly see it; fitted, it came out 0.08 units with a relative standard "
-                           "error of 35, and holding it at 0 raises the fit's loss by 0.5%"),
     "learner_step_cores_half_batch": (0.0, "fixed at 0 (learner_step_cores at every sub-batch), not fitted: the "
                                            "calibration runs show no growth of a busy step's cores with the "
                                            "sub-batch; fitted, it ran onto its lower bound, 0.5"),
