@@ -74,22 +74,28 @@ def test_masked_bn_ignores_padded_examples():
     assert new["bn_moments"]["moments"][0] == 5 * 4
 
 
+def _init(model, x):
+    """``model.init`` compiled whole, with an "rbg" key (these tests read no random value): an eager init
+    compiles a program per operation and parameter shape, threefry's the most (several seconds for a ResNet)."""
+    return jax.jit(lambda k, x: model.init(k, x, train=False))(jax.random.key(0, impl="rbg"), x)
+
+
 def test_zero_init_last_bn_makes_blocks_identity_residual():
     m = models.create_model("resnet8", num_classes=10, zero_init_last_bn=True)
-    v = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+    v = _init(m, jnp.zeros((1, 8, 8, 3)))
     scales = {k: p["BatchNorm_1"]["scale"] for k, p in v["params"].items() if k.startswith("BasicBlock")}
     assert scales and all(float(jnp.abs(s).max()) == 0.0 for s in scales.values())
     m1 = models.create_model("resnet8", num_classes=10, zero_init_last_bn=False)
-    v1 = m1.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+    v1 = _init(m1, jnp.zeros((1, 8, 8, 3)))
     assert float(v1["params"]["BasicBlock_0"]["BatchNorm_1"]["scale"].min()) == 1.0
 
 
 def test_bfloat16_model_keeps_float32_params_and_stats():
     m = models.create_model("resnet8", num_classes=10, dtype="bfloat16")
     x = jax.random.normal(jax.random.key(0), (4, 8, 8, 3))
-    v = m.init(jax.random.key(0), x, train=False)
+    v = _init(m, x)
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(v["params"]))
-    logits, new = m.apply(v, x, train=True, mutable=["batch_stats"])
+    logits, new = jax.jit(lambda v, x: m.apply(v, x, train=True, mutable=["batch_stats"]))(v, x)
     assert logits.shape == (4, 10) and bool(jnp.all(jnp.isfinite(logits)))
     assert all(s.dtype == jnp.float32 for s in jax.tree.leaves(new["batch_stats"]))
 
