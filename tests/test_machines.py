@@ -73,7 +73,7 @@ def test_with_figures_replaces_only_what_it_names():
 
 
 def test_cpu_preset_is_the_fit_of_its_stored_measurements():
-    # The split, loss and data of CPU_CALIBRATION_COMMAND: the preset predicts both halves of the small-CNN set
+    # The split, loss and data of the command in cpu.json: the preset predicts both halves of the small-CNN set
     # as documented (median 6.1%), and it is a minimum of the fit's loss on the fitting half.
     import numpy as np
 
