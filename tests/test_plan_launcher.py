@@ -82,6 +82,7 @@ def test_a_tiny_plan_then_the_same_plan_from_the_cache(tmp_path):
     written = json.loads((tmp_path / "work" / "config.json").read_text())
     assert written["target_accuracy"] == 0.8 and written["seeds"] == 1 and written["max_updates"] == 100
     assert written["minibatch_range"] == [16, 64] and written["machine"] == "tsubame_kfc_dl"
+    assert written["staleness_limits"] == [float("inf")]  # "inf" as given, read as a number
     assert json.loads((tmp_path / "work" / "plan.json").read_text())["runs"] == out["runs"]
     assert out["runs"]["trained"] == out["runs"]["used"] >= 1
     if out["reached"]:
