@@ -125,3 +125,22 @@ def test_both_measurement_layouts_become_fit_inputs(tmp_path):
     empty.write_text(json.dumps({"steps": []}))
     with raises_invalid("measurements", str(empty), "holds no measurements", DataError):
         measurements.load_measurements(str(empty))
+
+
+def test_host_figures_are_validated_and_a_bad_host_section_names_the_file(tmp_path):
+    h = host.load_host(mc.get("cpu_runtime"), "cpu_runtime")
+    figures = {f: float(getattr(h, f)) for f in host.FIELDS}
+    with raises_invalid("cores_per_node", 0.0, "a finite number > 0"):
+        host.make_host("h", {}, **{**figures, "cores_per_node": 0.0})
+    with raises_invalid("updater_queue", -1.0, "a finite number >= 0"):
+        host.make_host("h", {}, **{**figures, "updater_queue": -1.0})
+    with raises_invalid("field", "speed", "a host figure: one of cores_per_node"):
+        host.with_figures(h, speed=1.0)
+    path = tmp_path / "p.json"
+    presets.save_preset(str(path), mc.get("cpu"), host=host.host_json(h))
+    assert host.load_host(mc.get("cpu"), path=str(path)).sources == h.sources
+    data = json.loads(path.read_text())
+    del data["host"]["figures"]["learner_cv"]
+    path.write_text(json.dumps(data))
+    with raises_invalid("machine_file", str(path), "every figure of HostFigures", DataError):
+        host.load_host(mc.get("cpu"), path=str(path))

@@ -10,15 +10,14 @@ Measurement files, the calibration's input, are read by :mod:`jaxsprint.calibrat
 from __future__ import annotations
 
 import json
-import math
 import os
-from typing import Any, Sequence
+from typing import Any
 
 from jaxsprint.errors import ConfigError, DataError
-from jaxsprint.perf import machines, zoo
+from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 
-__all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "load_machine", "load_preset", "save_preset"]
+__all__ = ["PRESET_FORMAT", "RUNTIME_CALIBRATION_FORMAT", "figure", "load_machine", "load_preset", "save_preset"]
 
 PRESET_FORMAT = "jaxsprint-machine-1"
 # experiments/calibrate_runtime.py's measurement file (its --measurements; not a preset).
