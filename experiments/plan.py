@@ -73,7 +73,7 @@ def resolve(config) -> dict[str, Any]:
     if config.max_staleness is not None:
         check(math.isfinite(config.max_staleness) and config.max_staleness > 1, "config.max_staleness",
               config.max_staleness, "a finite number > 1")
-    settings = planner.settings_from_config(config, minibatch_scale=config.minibatch_scale or 1.0)
+    planner.settings_from_config(config, minibatch_scale=config.minibatch_scale or 1.0)  # checked before any read
     # The lists as read (comma-separated text split), so that config.json says what was used.
     config.staleness_limits = tuple(limits)
     if mb_range is not None:
