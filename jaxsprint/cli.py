@@ -5,6 +5,11 @@ errors from absl and config-file errors from ml_collections (a file that does no
 override of a field the file does not have) are put into that form here, before a launcher's ``main`` runs.
 The output checks (`check_output_dir`, `check_output_file`) let a launcher refuse an unusable output path
 before it computes or writes anything.
+
+The one config system of the launchers: each takes an ml_collections config file (`define_config_file` when it
+has a default one), reads list fields given as tuples or comma-separated text (`text_list`, `float_list`),
+names config fields in the errors of library calls (`as_config_fields`) and keeps the resolved config beside
+its outputs (`write_config`, `config_beside_outputs`).
 """
 from __future__ import annotations
 
