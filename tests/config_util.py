@@ -7,8 +7,17 @@ import ml_collections
 import experiments.configs
 from experiments.configs import default
 
-CONFIG_MODULES = [importlib.import_module(f"experiments.configs.{m.name}")
-                  for m in pkgutil.iter_modules(experiments.configs.__path__)]
+
+def _is_training_config(module) -> bool:
+    """A training config (built on default: model, optimizer, ...), not a launcher's (plan, calibrate, ...)."""
+    c = module.get_config()
+    return "model" in c and "optimizer" in c
+
+
+# The shipped training configs, the ones the settings tests validate.
+CONFIG_MODULES = [module for module in (importlib.import_module(f"experiments.configs.{m.name}")
+                                        for m in pkgutil.iter_modules(experiments.configs.__path__))
+                  if _is_training_config(module)]
 
 
 def override(d: dict, **overrides) -> ml_collections.ConfigDict:
