@@ -1,4 +1,5 @@
 """Train step invariants: sharded == unsharded, ghost BN differs, accumulation, exact resume, NaN guard."""
+import functools
 import os
 import re
 
@@ -32,6 +33,14 @@ def _one_step(config, images, labels):
     return jax.device_get((state.params, state.batch_stats, metrics))
 
 
+@functools.lru_cache(maxsize=None)
+def _one_step_of(n_devices, reduction, **kw):
+    """`_one_step` of the testing config on `_batch()`, computed once per process (the BatchNorm tests share
+    the 8-device per-device run)."""
+    images, labels = _batch()
+    return _one_step(_config(num_devices=n_devices, **{"bn.reduction": reduction}, **kw), images, labels)
+
+
 def _batch(n=64):
     from jaxsprint.train import data
 
@@ -40,29 +49,33 @@ def _batch(n=64):
     return b["image"], b["label"]
 
 
+def _init_key():
+    """The key of the eager inits: rbg (no test here reads the values; eager threefry compiles a program per
+    parameter shape)."""
+    return jax.random.key(0, impl="rbg")
+
+
 def _max_diff(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.mark.devices(8)
 def test_global_bn_on_8_devices_equals_1_device():
-    images, labels = _batch()
-    p8, s8, m8 = _one_step(_config(num_devices=8, **{"bn.reduction": "global"}), images, labels)
-    p1, s1, m1 = _one_step(_config(num_devices=1, **{"bn.reduction": "global"}), images, labels)
+    p8, s8, m8 = _one_step_of(8, "global")
+    p1, s1, m1 = _one_step_of(1, "global")
     assert _max_diff(p8, p1) < 1e-5
     assert _max_diff(s8, s1) < 1e-5
     assert abs(float(m8["loss"]) - float(m1["loss"])) < 1e-5
     # Ghost BN (each device normalises its 8 examples) is measurably different.
-    pd, sd, _ = _one_step(_config(num_devices=8, **{"bn.reduction": "per_device"}), images, labels)
+    pd, sd, _ = _one_step_of(8, "per_device")
     assert _max_diff(pd, p1) > 1e-4
     assert _max_diff(sd, s1) > 1e-4
 
 
 @pytest.mark.devices(8)
 def test_per_device_bn_on_8_devices_equals_group_bn_on_1_device():
-    images, labels = _batch()
-    pd, sd, _ = _one_step(_config(num_devices=8, **{"bn.reduction": "per_device"}), images, labels)
-    pg, sg, _ = _one_step(_config(num_devices=1, **{"bn.reduction": "group", "bn.group_size": 8}), images, labels)
+    pd, sd, _ = _one_step_of(8, "per_device")
+    pg, sg, _ = _one_step_of(1, "group", **{"bn.group_size": 8})
     assert _max_diff(pd, pg) < 1e-5 and _max_diff(sd, sg) < 1e-5
 
 
@@ -116,7 +129,7 @@ def test_guard_keeps_the_input_state_when_a_bn_statistic_turns_nan():
     model = models.create_model("tiny", num_classes=10)
     images, labels = _batch(16)
     x = (images.astype(np.float32) - 50.0) / 50.0
-    state = trainer.create_train_state(jax.random.key(0), model, optax.sgd(0.1, momentum=0.9), (1, 8, 8, 1))
+    state = trainer.create_train_state(_init_key(), model, optax.sgd(0.1, momentum=0.9), (1, 8, 8, 1))
     step = jax.jit(trainer.make_train_step(model=model, num_classes=10))
     names = trainer.guard_names(state)
     w = np.ones(16, np.float32)
@@ -199,7 +212,7 @@ def test_scanned_accumulation_equals_unrolled():
     images, labels = _batch(32)
     x = (images.astype(np.float32) - 50.0) / 50.0
     tx = optax.sgd(0.1, momentum=0.9)
-    state = trainer.create_train_state(jax.random.key(0), model, tx, (1, 8, 8, 1))
+    state = trainer.create_train_state(_init_key(), model, tx, (1, 8, 8, 1))
     w = np.ones(32, np.float32)
     outs = []
     for unroll in (8, 1):  # 4 micro-batches: unrolled, then scanned
