@@ -1,5 +1,6 @@
 """jaxsprint.train.checkpoint: round trip through orbax; a checkpoint of another state or a truncated one is a
 CheckpointError (what differs / which step), and resume="latest_good" falls back."""
+import functools
 import os
 
 import jax
@@ -12,11 +13,17 @@ from jaxsprint.train import checkpoint, data, models, pipeline, trainer
 from jaxsprint.errors import CheckpointError, ConfigError
 
 
-def _state():
-    """A real TrainState as the trainer makes it: jitted, so every leaf is an array."""
+@functools.cache
+def _init_fn():
+    """The jitted init of `_state`, traced and compiled once per process."""
     model = models.create_model("tiny", num_classes=10)
     tx = optax.sgd(0.1, momentum=0.9)
-    return jax.jit(lambda key: trainer.create_train_state(key, model, tx, (1, 8, 8, 1)))(jax.random.key(0))
+    return jax.jit(lambda key: trainer.create_train_state(key, model, tx, (1, 8, 8, 1)))
+
+
+def _state():
+    """A real TrainState as the trainer makes it: jitted, so every leaf is an array (a fresh one each call)."""
+    return _init_fn()(jax.random.key(0))
 
 
 def test_empty_workdir_restores_nothing(tmp_path):
