@@ -92,8 +92,46 @@ CASES = {
 }
 
 
-def test_many_flag_sets_in_one_process():
-    results = _drive([c[0] for c in CASES.values()])
+def _file_cases(preset):
+    return [
+        [f"--machine_file={preset}", "--network=resnet8", "--nodes=2", "--gpus_per_node=2",
+         "--sub_batch=16", "--json"],
+        ["--machine=cpu", "--network=resnet8", "--nodes=2", "--gpus_per_node=2", "--sub_batch=16",
+         "--json"],
+        [f"--machine_file={preset}", "--machine=cpu", "--network=resnet8"],
+        ["--machine_file=/nonexistent/m.json", "--network=resnet8"],
+    ]
+
+
+_JITTER_BASE = ["--workers=4", "--t_compute=1", "--t_update=2", "--json"]
+_JITTER_CASES = [_JITTER_BASE, _JITTER_BASE + ["--t_update_cv=0.6", "--t_update_shift=1.2"],
+                 _JITTER_BASE + ["--t_update_cv=0.6", "--t_update_shift=2.5"]]
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    """A saved "this machine" preset (the cpu preset with a larger latency), as calibrate writes."""
+    from jaxsprint.perf import machines, presets
+
+    path = str(tmp_path_factory.mktemp("preset") / "this_machine.json")
+    m = machines.with_figures(machines.get("cpu"), network_latency_s=2e-4).replace(name="this_machine")
+    presets.save_preset(path, m, compute_cv=0.02)
+    return path
+
+
+@pytest.fixture(scope="module")
+def driven(preset):
+    """The flag sets of the tests below, all through one child process (one JAX start): {group: results}."""
+    groups = {"cases": [c[0] for c in CASES.values()], "file": _file_cases(preset), "jitter": _JITTER_CASES}
+    flat = _drive([args for cases in groups.values() for args in cases])
+    out, start = {}, 0
+    for name, cases in groups.items():
+        out[name], start = flat[start:start + len(cases)], start + len(cases)
+    return out
+
+
+def test_many_flag_sets_in_one_process(driven):
+    results = driven["cases"]
     for (name, (_, code, text)), (got_code, out, err) in zip(CASES.items(), results):
         assert got_code == code, (name, got_code, err)
         if code == 2:
@@ -112,21 +150,8 @@ def test_real_launcher_exits_2_on_bad_input():
     assert "workers=0" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_predict_launcher_reads_a_machine_file(tmp_path):
-    from jaxsprint.perf import machines, presets
-
-    preset = str(tmp_path / "this_machine.json")
-    m = machines.with_figures(machines.get("cpu"), network_latency_s=2e-4).replace(name="this_machine")
-    presets.save_preset(preset, m, compute_cv=0.02)
-    cases = [
-        [f"--machine_file={preset}", "--network=resnet8", "--nodes=2", "--gpus_per_node=2",
-         "--sub_batch=16", "--json"],
-        ["--machine=cpu", "--network=resnet8", "--nodes=2", "--gpus_per_node=2", "--sub_batch=16",
-         "--json"],
-        [f"--machine_file={preset}", "--machine=cpu", "--network=resnet8"],
-        ["--machine_file=/nonexistent/m.json", "--network=resnet8"],
-    ]
-    (c0, o0, e0), (c1, o1, e1), (c2, _, e2), (c3, _, e3) = _drive(cases)
+def test_predict_launcher_reads_a_machine_file(preset, driven):
+    (c0, o0, e0), (c1, o1, e1), (c2, _, e2), (c3, _, e3) = driven["file"]
     assert c0 == 0 and c1 == 0, (e0, e1)
     from_file, preset_cpu = json.loads(o0), json.loads(o1)
     # Same compute figures, a larger all-reduce latency: same T_c, longer T_u.
@@ -137,13 +162,10 @@ def test_predict_launcher_reads_a_machine_file(tmp_path):
     assert "Traceback" not in e2 + e3
 
 
-def test_updater_jitter_and_shift_flags():
-    # The three runs in one child process (as in test_many_flag_sets_in_one_process; the real command line's
-    # exit status and error line are checked by test_real_launcher_exits_2_on_bad_input).
-    base = ["--workers=4", "--t_compute=1", "--t_update=2", "--json"]
-    (c0, o0, e0), (c1, o1, e1), (c2, _, e2) = _drive(
-        [base, base + ["--t_update_cv=0.6", "--t_update_shift=1.2"], base + ["--t_update_cv=0.6",
-                                                                            "--t_update_shift=2.5"]])
+def test_updater_jitter_and_shift_flags(driven):
+    # The three runs in the child process of the other flag sets (the real command line's exit status and
+    # error line are checked by test_real_launcher_exits_2_on_bad_input).
+    (c0, o0, e0), (c1, o1, e1), (c2, _, e2) = driven["jitter"]
     assert c0 == 0, e0[-2000:]
     plain = json.loads(o0)
     assert c1 == 0, e1[-2000:]
