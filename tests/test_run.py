@@ -217,7 +217,7 @@ def test_unreachable_coordinator_fails_within_the_timeout():
         from jaxsprint import runtime
         from jaxsprint.errors import ConfigError
         try:
-            runtime.initialize_distributed("127.0.0.1:{subprocs.coordinator_port()}", 2, 1, timeout_s=3)
+            runtime.initialize_distributed("127.0.0.1:{subprocs.coordinator_port()}", 2, 1, timeout_s=1)
         except ConfigError as e:
             print("CONFIG_ERROR", e)
     """)
