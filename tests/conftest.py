@@ -76,10 +76,9 @@ def _stable_custom_partitioning_cache_keys() -> None:
     jax.config.update("jax_remove_custom_partitioning_ptr_from_cache_key", True)
 
 
-_stable_custom_partitioning_cache_keys()
-
-
 def pytest_configure(config):
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        _stable_custom_partitioning_cache_keys()  # where tests run (an xdist controller runs none)
     config.addinivalue_line("markers", "devices(n): needs at least n JAX devices (the 8 fake CPU devices here; "
                                        "skipped on a machine with fewer accelerators)")
     config.addinivalue_line("markers", "slow: an end-to-end run of a benchmark or study script; left out of "
