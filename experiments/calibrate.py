@@ -21,7 +21,9 @@ prediction errors, estimates the compute-time jitter (cv) and saves the preset w
 ``--out`` (default under ``runs/``, not in the package).
 
 ``--measurements`` also reads the small-CNN calibration set ``docs/perf-calibration.json``; the figures of the
-``cpu`` preset are fitted from it by the ``command`` stored in its file, ``jaxsprint/perf/data/cpu.json``.
+``cpu`` preset are fitted from it by the ``command`` stored in its file, ``jaxsprint/perf/data/cpu.json``, which
+writes that file (``--name=cpu --out=jaxsprint/perf/data/cpu.json``) with each fitted figure's relative standard
+error; ``--fixed`` holds the figures that set cannot determine at the values of :data:`FIXED`, each with its reason.
 Bad input exits with status 2 and one message naming the flag.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import shlex  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -83,6 +86,10 @@ flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cac
                   "shallow stem and their BatchNorm share differ from XLA's; see docs/perf-search.md).")
 flags.DEFINE_list("bounds", [], "Bounds of fitted figures, name=lo:hi (default: "
                   "jaxsprint.calibration.model_fit.default_bounds).")
+flags.DEFINE_list("fixed", [], "Figures held at their values of FIXED (with its reason as their source) "
+                  "instead of fitted (the cpu preset's command fixes those its small-CNN set cannot determine).")
+flags.DEFINE_string("name", "this_machine", "Name of the written preset (the --base preset's own name: a refit of "
+                    "that preset, which keeps its description).")
 flags.DEFINE_enum("loss", "squared", list(model_fit.LOSSES), "Loss of the log-errors (soft_l1: robust).")
 flags.DEFINE_float("loss_scale", 0.1, "Scale of the soft_l1 loss, in log units.")
 flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
@@ -98,6 +105,37 @@ _NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s", "update
 _NETWORK_BOUNDS = {"network_latency_s": (1e-7, 1e-1), "network_bandwidth_bytes_per_s": (1e6, 1e12),
                    "updater_overhead_s": (1e-7, 1e-1)}
 _TIED = {"efficiency_bwd_data": "efficiency_fwd"}  # XLA:CPU runs both with the same conv kernel
+
+# Figures the small-CNN set of the cpu preset (docs/perf-calibration.json) cannot determine: fitted with the
+# others, each ran onto a bound of the command's --bounds or got a relative standard error over 100% (not
+# determined to within a factor of 2). --fixed holds them at these values instead. {figure: (value, reason)}; the
+# reason becomes the figure's source. See docs/perf-model.md.
+_ROOFLINE = ("not fitted: fitted on the small-CNN set it runs onto its upper bound 1 (XLA's own convolutions count "
+             "their direct multiply-adds, so the pass cannot beat the peak); the saturation factors in rows, cols and "
+             "depth carry the small layers' losses")
+FIXED = {
+    "efficiency_fwd": (1.0, "fixed at 1, at the roofline (a large forward convolution runs at the measured matmul "
+                            "peak, peak_flops_per_s), " + _ROOFLINE),
+    "efficiency_bwd_data": (1.0, "fixed at 1 with efficiency_fwd (XLA:CPU runs the input gradient with the forward "
+                                 "convolution kernel), at the roofline, " + _ROOFLINE),
+    "efficiency_bwd_weight": (1.0, "fixed at 1, at the roofline (a large filter gradient runs at the measured matmul "
+                                   "peak), " + _ROOFLINE),
+    "cache_miss_slowdown_weight_grad": (10.0, "fixed at 10 (a filter gradient whose working set far outgrows "
+                                              "cache_bytes runs up to 11x slower, an order of magnitude: about "
+                                              "a core's cache bandwidth over its memory bandwidth), not fitted: the "
+                                              "small-CNN set's filter-gradient working sets (0.8-17 MB) are all "
+                                              "below cache_bytes, so they show only the slope of the slowdown, "
+                                              "k / cache_bytes; fitted, k runs onto its upper bound 10"),
+    "cache_bytes": (5.6e7, "fixed at 56 MB, not fitted: the value the fit of the small-CNN set gives with "
+                           "cache_miss_slowdown_weight_grad held at 10 (which sets the slope of the filter-gradient "
+                           "slowdown the set shows), but with a relative standard error of 250% (it trades off "
+                           "against half_efficiency_rows and half_efficiency_depth)"),
+    "maxpool_backward_memory_efficiency": (1.0, "fixed at 1, as memory_efficiency (the max-pool backward pass "
+                                                "streams at the effective rate), not fitted: the small-CNN set does "
+                                                "not determine it (its bytes are a small share of every step: "
+                                                "halving it lengthens the steps by 1-1.4%; fitted, it stops short "
+                                                "of its upper bound 1 with an unbounded relative standard error)"),
+}
 
 
 def _ints(name: str, values: list[str], minimum: int) -> list[int]:
@@ -131,6 +169,9 @@ def check_flags() -> dict[str, Any]:
     compute_fields = [f for f in machines.FIELDS if f not in _NETWORK_FIELDS]
     for f in FLAGS.fit_fields:
         check(f in compute_fields, "--fit_fields", f, f"compute figures: {', '.join(compute_fields)}")
+    for f in FLAGS.fixed:
+        check(f in FIXED, "--fixed", f, f"figures of FIXED: {', '.join(FIXED)}")
+        check(f not in FLAGS.fit_fields, "--fixed", f, "figures not also in --fit_fields")
     for name in ("rounds", "allreduce_reps", "starts"):
         check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
     check(FLAGS.allreduce_timeout_s > 0, "--allreduce_timeout_s", FLAGS.allreduce_timeout_s, "a number > 0")
@@ -140,7 +181,9 @@ def check_flags() -> dict[str, Any]:
         check(math.isfinite(value) and value > 0, f"--{name}", value, "a finite number > 0")
     check(FLAGS.base in machines.PRESETS, "--base", FLAGS.base, f"one of {', '.join(machines.PRESETS)}")
     cli.check_output_file("--out", FLAGS.out)
-    return dict(base=machines.get(FLAGS.base), batches=_ints("batches", FLAGS.batches, 1),
+    base = machines.get(FLAGS.base)
+    base = machines.with_figures(base, **{f: FIXED[f][0] for f in FLAGS.fixed})
+    return dict(base=base, batches=_ints("batches", FLAGS.batches, 1),
                 holdout=set(_ints("holdout_batches", FLAGS.holdout_batches, 1)),
                 ranks=_ints("ranks", FLAGS.ranks, 2), sizes=_ints("allreduce_bytes", FLAGS.allreduce_bytes, 4),
                 bounds=_bounds(FLAGS.bounds))
@@ -193,7 +236,8 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
     check(bool(train), "--holdout_batches", FLAGS.holdout_batches, "fewer held-out batches, models or share: "
                                                                    "every step timing is held out")
     ars = measurements.allreduce_timings(meas["allreduces"])
-    fit_kwargs = dict(tied=_TIED, seed=FLAGS.seed, starts=FLAGS.starts, bounds=cfg["bounds"], loss=FLAGS.loss,
+    tied = {k: v for k, v in _TIED.items() if k not in FLAGS.fixed and v not in FLAGS.fixed}
+    fit_kwargs = dict(tied=tied, seed=FLAGS.seed, starts=FLAGS.starts, bounds=cfg["bounds"], loss=FLAGS.loss,
                       loss_scale=FLAGS.loss_scale)
     compute = model_fit.fit(cfg["base"], train, fields=FLAGS.fit_fields, **fit_kwargs)
     machine, network = compute.machine, None
@@ -259,18 +303,29 @@ def main(argv: list[str]) -> None:
         print(f"wrote {raw}", flush=True)
     summary, machine = fit_and_report(cfg, meas)
     fits = [summary["compute_fit"]] + ([summary["network_fit"]] if "network_fit" in summary else [])
+    command = " ".join(["python experiments/calibrate.py"] + [shlex.quote(a) for a in sys.argv[1:]])
+    data = FLAGS.measurements or "the measurements saved with it"
     sources = dict(machines.get(FLAGS.base).sources)
+    sources.update({f: FIXED[f][1] for f in FLAGS.fixed})
+    rel_std_error = {}
     for f in fits:
-        sources.update({k: f"fitted by experiments/calibrate.py (relative standard error "
-                           f"{100 * f['rel_std_error'][k]:.1f}%)" for k in f["fitted"]})
+        for k in f["fitted"]:
+            se = f["rel_std_error"][k]
+            rel_std_error[k] = se if math.isfinite(se) else None
+            se_text = f"{100 * se:.1f}%" if math.isfinite(se) else "not identified"
+            sources[k] = f"fitted by `{command}` on {data} (relative standard error {se_text})"
     import jax
 
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    machine = machine.replace(name="this_machine", sources=tuple(sources.items()),
-                              description=f"this machine, calibrated {stamp} by experiments/calibrate.py "
-                                          f"from the {FLAGS.base} preset (jax {jax.__version__})")
-    presets.save_preset(FLAGS.out, machine, compute_cv=summary.pop("compute_cv"), calibration=summary,
-                        measurements=meas)
+    if FLAGS.name == FLAGS.base:  # a refit of the base preset: the same machine
+        description = machines.get(FLAGS.base).description
+    else:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        description = (f"this machine, calibrated {stamp} by experiments/calibrate.py from the {FLAGS.base} preset "
+                       f"(jax {jax.__version__})")
+    machine = machine.replace(name=FLAGS.name, sources=tuple(sources.items()), description=description)
+    presets.save_preset(FLAGS.out, machine, command=command, fitted=sorted(rel_std_error),
+                        fixed={f: FIXED[f][0] for f in FLAGS.fixed}, rel_std_error=rel_std_error,
+                        compute_cv=summary.pop("compute_cv"), calibration=summary, measurements=meas)
     print(f"\nwrote {FLAGS.out}; use it with --machine_file={FLAGS.out} "
           "(experiments/predict.py, experiments/search.py)")
 

@@ -50,7 +50,10 @@ def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
     machine, saved = presets.load_preset(str(out))
     assert machine.name == "this_machine"
     sources = dict(machine.sources)
-    assert sources["efficiency_fwd"].startswith("fitted by experiments/calibrate.py")
+    assert sources["efficiency_fwd"].startswith(f"fitted by `{saved['command']}` on {meas} (relative standard error")
+    assert saved["command"].startswith("python experiments/calibrate.py --measurements=")
+    assert saved["fitted"] == ["efficiency_bwd_data", "efficiency_bwd_weight", "efficiency_fwd"]  # one tied
+    assert saved["fixed"] == {} and 0 < saved["rel_std_error"]["efficiency_fwd"] < 0.01
     assert sources["peak_flops_per_s"] == dict(machines.get("cpu").sources)["peak_flops_per_s"]
 
 
@@ -61,9 +64,17 @@ def test_refit_of_the_small_cnn_set_with_a_random_held_out_share(tmp_path):
     meas.write_text(json.dumps({"records": data["records"][:12]}))
     r = _run(f"--measurements={meas}", f"--out={out}", "--holdout_batches=", "--holdout_fraction=0.34",
              "--holdout_seed=1", "--fit_fields=efficiency_fwd,norm_memory_efficiency", "--loss=soft_l1",
-             "--bounds=efficiency_fwd=0.01:1", "--starts=2")
+             "--bounds=efficiency_fwd=0.01:1", "--starts=2", "--fixed=maxpool_backward_memory_efficiency",
+             "--name=cpu")
     assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads(out.read_text())["calibration"]
+    saved = json.loads(out.read_text())
+    summary = saved["calibration"]
+    # A refit of the cpu preset itself (its name and description), one figure held at its FIXED value.
+    assert saved["name"] == "cpu" and saved["description"] == machines.get("cpu").description
+    assert saved["fixed"] == {"maxpool_backward_memory_efficiency": 1.0}
+    assert saved["figures"]["maxpool_backward_memory_efficiency"] == 1.0
+    assert saved["sources"]["maxpool_backward_memory_efficiency"].startswith("fixed at 1")
+    assert set(saved["rel_std_error"]) == {"efficiency_fwd", "efficiency_bwd_data", "norm_memory_efficiency"}
     assert summary["steps_fit"]["n"] == 8 and summary["steps_held_out"]["n"] == 4
     assert 0.01 <= summary["compute_fit"]["fitted"]["efficiency_fwd"] <= 1.0
     assert "steps_leave_one_model_out" not in summary  # one family: nothing to leave out
@@ -83,6 +94,8 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
             (["--bounds=efficiency_fwd=0.5:0.1"], None,
              "invalid --bounds='efficiency_fwd=0.5:0.1': entries name=lo:hi with numbers 0 < lo < hi"),
             (["--holdout_fraction=1"], None, "invalid --holdout_fraction=1.0: a number >= 0 and < 1"),
+            (["--fixed=per_layer_overhead_s"], None, "invalid --fixed='per_layer_overhead_s': figures of FIXED"),
+            (["--fixed=efficiency_fwd"], None, "invalid --fixed='efficiency_fwd': figures not also in --fit_fields"),
             (["--batches=4,x"], None, "invalid --batches='x': integers >= 1"),
             (["extra"], None, "invalid arguments=['extra']: none besides --flags"),
             ([], {"JAXSPRINT_CPU_KERNELS": "fast"},

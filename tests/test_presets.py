@@ -77,6 +77,31 @@ def test_no_shipped_fitted_figure_sits_on_a_bound():
         assert lo * 1.03 < value[f] < hi / 1.03, f
 
 
+def test_no_fitted_figure_of_the_shipped_cpu_preset_sits_on_a_bound():
+    """The same for the cpu preset (the fit of experiments/calibrate.py's command in its file): every fitted figure
+    ended strictly inside the bounds of that command, with a relative standard error below 100% (determined to
+    within a factor of 2); the figures its small-CNN set cannot determine are fixed (--fixed), the reason as source."""
+    import shlex
+
+    with open(os.path.join(mc.DATA_DIR, "cpu.json")) as fh:
+        data = json.load(fh)
+    m = mc.get("cpu")
+    sources = dict(m.sources)
+    args = dict(a[2:].split("=", 1) for a in shlex.split(data["command"])[2:])
+    bounds = {f: tuple(map(float, r.split(":"))) for f, r in (b.split("=") for b in args["bounds"].split(","))}
+    assert data["calibration"]["compute_fit"]["at_bound"] == [] and data["fitted"]
+    assert set(data["rel_std_error"]) == set(data["fitted"]) == set(bounds)  # each fitted figure bounded
+    for f in data["fitted"]:
+        se, value = data["rel_std_error"][f], float(getattr(m, f))
+        assert se is not None and 0 < se < 1, f
+        assert data["calibration"]["compute_fit"]["rel_std_error"][f] == pytest.approx(se), f
+        assert sources[f].startswith("fitted by") and data["command"] in sources[f], f
+        lo, hi = bounds[f]
+        assert lo * 1.03 < value < hi / 1.03, f
+    for f, v in data["fixed"].items():
+        assert float(getattr(m, f)) == v and sources[f].startswith("fixed at") and f not in data["rel_std_error"], f
+
+
 def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):
     path = tmp_path / "old.json"
     presets.save_preset(str(path), mc.get("cpu"))
