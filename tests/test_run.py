@@ -111,11 +111,24 @@ def test_scripted_learner_times_give_the_protocols_sequences(tmp_path):
     # 0, 0, 2, 1, 2 (learner 0's 4th gradient ends at 5 T_u, on a boundary: not checked). Every event is
     # at least 0.25 T_u = 125 ms away from an updater boundary, far above the scheduling noise (at T_u = 0.3 s,
     # 75 ms, one of the updater's cycles on a machine loaded far beyond its cores drifted past a boundary).
+    # The wall-clock checks can still miss on a machine loaded far beyond its cores (a woken learner thread
+    # measured 54 ms late, with the versions right): a second run in a fresh directory must then pass them all.
     t_u, times = 0.5, (1.25 * 0.5, 1.75 * 0.5)
     c = tiny_config(num_updates=8, network_time_s=t_u)
-    r = runtime.run(c, str(tmp_path), learner_time_fn=lambda i, j: times[i])
-    check_accounting(r)
-    ev = r.events
+    for attempt in range(2):
+        r = runtime.run(c, str(tmp_path / f"run{attempt}"), learner_time_fn=lambda i, j: times[i])
+        check_accounting(r)
+        try:
+            _check_scripted_sequences(r.events, times)
+            break
+        except AssertionError:
+            if attempt == 1:
+                raise
+    assert r.updates == 8 and r.events["sub_batch"] == 8
+
+
+def _check_scripted_sequences(ev, times):
+    """The wall-clock part of test_scripted_learner_times_give_the_protocols_sequences (see its comment)."""
     for learner, reads, applied in ((0, [0, 1, 2], [3, 4, 5]), (1, [0, 1, 3], [3, 5, 7])):
         mine = np.flatnonzero(ev["grad_learner"] == learner)
         mine = mine[np.argsort(ev["grad_t_start"][mine])][:3]
@@ -123,7 +136,6 @@ def test_scripted_learner_times_give_the_protocols_sequences(tmp_path):
         np.testing.assert_array_equal(ev["grad_applied_version"][mine], applied)
         np.testing.assert_allclose(ev["grad_t_end"][mine] - ev["grad_t_start"][mine], times[learner], atol=0.02)
     np.testing.assert_array_equal(ev["update_count"][:5], [0, 0, 2, 1, 2])
-    assert r.updates == 8 and ev["sub_batch"] == 8
 
 
 def test_stops_by_epochs_and_writes_its_outputs(tmp_path):
