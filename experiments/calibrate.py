@@ -1,30 +1,28 @@
 r"""Calibrate a machine preset: measure train steps and all-reduces (or read saved ones), fit, save.
 
-    .venv/bin/python experiments/calibrate.py                  # ~3-4 minutes on 2 cores
-    .venv/bin/python experiments/calibrate.py --measurements=runs/calibrate/this_machine.json \
+    .venv/bin/python experiments/calibrate.py --config=experiments/configs/calibrate.py   # ~3-4 min on 2 cores
+    .venv/bin/python experiments/calibrate.py --config.measurements=runs/calibrate/this_machine.json \
         --out=runs/calibrate/refit.json                         # refit saved measurements (~30 s)
     .venv/bin/python experiments/predict.py --machine_file=runs/calibrate/this_machine.json \
         --network=resnet20 --gpus_per_node=2 --sub_batch=64
-    .venv/bin/python experiments/search.py --machine_file=runs/calibrate/this_machine.json \
-        --network=resnet20 --target_minibatch=256 --max_nodes=4
 
-Measures (:mod:`jaxsprint.calibration.timing`) (1) the train step of this project's own CIFAR ResNets (momentum SGD, built
-through the CPU switch ``--cpu_kernels`` as training builds it, host memory configured as training does) at
-several batch sizes, as process CPU time with the process pinned to one core and XLA:CPU's Eigen
-single-threaded (one learner per core, as the ``cpu`` preset models; on one core CPU time equals wall time
-when nothing else runs, and is steadier when something does), and (2) all-reduces of several sizes over 2-4
-local JAX processes joined by ``jax.distributed`` (gloo, localhost ports only, bounded timeouts). It fits the
-compute figures ``--fit_fields`` on the steps not held out and ``network_latency_s``,
-``network_bandwidth_bytes_per_s`` and ``updater_overhead_s`` on the all-reduces
-(:func:`jaxsprint.calibration.model_fit.fit`), prints the fitted figures with their standard errors and the held-out
-prediction errors, estimates the compute-time jitter (cv) and saves the preset with its measurements to
-``--out`` (default under ``runs/``, not in the package).
+The settings are the config file's (``experiments/configs/calibrate.py``, the default of ``--config``;
+``--config.<field>=...`` overrides one); ``--out`` names the preset. Measures
+(:mod:`jaxsprint.calibration.timing`) (1) the train step of this project's own CIFAR ResNets (momentum SGD,
+built through the CPU switch ``cpu_kernels`` as training builds it) at several batch sizes, as process CPU time
+with the process pinned to one core and XLA:CPU's Eigen single-threaded (one learner per core, as the ``cpu``
+preset models), and (2) all-reduces of several sizes over 2-4 local JAX processes joined by
+``jax.distributed`` (gloo, localhost ports only, bounded timeouts). It fits the compute figures ``fit_fields``
+on the steps not held out and ``network_latency_s``, ``network_bandwidth_bytes_per_s`` and
+``updater_overhead_s`` on the all-reduces (:func:`jaxsprint.calibration.model_fit.fit`), prints the fitted
+figures with their standard errors and the held-out prediction errors, estimates the compute-time jitter (cv)
+and saves the preset with its measurements and the resolved config to ``--out`` (default under ``runs/``).
 
-``--measurements`` also reads the small-CNN calibration set ``docs/perf-calibration.json``; the figures of the
+``measurements`` also reads the small-CNN calibration set ``docs/perf-calibration.json``; the figures of the
 ``cpu`` preset are fitted from it by the ``command`` stored in its file, ``jaxsprint/perf/data/cpu.json``, which
-writes that file (``--name=cpu --out=jaxsprint/perf/data/cpu.json``) with each fitted figure's relative standard
-error; ``--fixed`` holds the figures that set cannot determine at the values of :data:`FIXED`, each with its reason.
-Bad input exits with status 2 and one message naming the flag.
+writes that file (``--config.name=cpu --out=jaxsprint/perf/data/cpu.json``) with each fitted figure's relative
+standard error; ``fixed`` holds the figures that set cannot determine at the values of :data:`FIXED`, each with
+its reason. Bad input exits with status 2 and one message naming the config field or flag.
 """
 from __future__ import annotations
 
@@ -52,53 +50,11 @@ from jaxsprint.calibration import model_fit  # noqa: E402
 from jaxsprint.perf import machines, presets  # noqa: E402
 from jaxsprint.calibration import measurements  # noqa: E402
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/calibrate/this_machine.json", "Where to save the fitted preset "
-                    "(with its measurements).")
-flags.DEFINE_string("measurements", None, "Refit the measurements saved in this file (a preset or "
-                    "*_measurements.json of this launcher, or a small-CNN calibration set) instead of measuring.")
-flags.DEFINE_string("base", "cpu", f"Preset the fit starts from: {', '.join(machines.PRESETS)}.")
-flags.DEFINE_list("models", ["resnet8", "resnet20", "resnet32", "resnet56"], "This project's models to time "
-                  "(jaxsprint.train.models names with a cost table in jaxsprint.perf.zoo).")
-flags.DEFINE_list("batches", ["4", "8", "16", "32", "64"], "Batch sizes of the step timings.")
-flags.DEFINE_list("holdout_batches", ["8", "32"], "Batch sizes held out of the fit (predicted).")
-flags.DEFINE_list("holdout_models", [], "Models held out of the fit (predicted).")
-flags.DEFINE_float("holdout_fraction", 0.0, "Also hold out this random share of the steps (drawn with "
-                   "--holdout_seed; see jaxsprint.calibration.model_fit.holdout_split).")
-flags.DEFINE_integer("holdout_seed", 0, "Seed of the random held-out share.")
-flags.DEFINE_enum("cpu_kernels", "auto", list(cpu.MODES), "CPU switch of the timed steps (config.cpu_kernels "
-                  "of training; auto is what training runs on CPU, off is XLA's own convolution and BatchNorm).")
-flags.DEFINE_integer("rounds", 4, "Interleaved timing rounds (each step's best round median is kept).")
-flags.DEFINE_float("min_time_s", 0.2, "Time each step at least this long per round.")
-flags.DEFINE_list("ranks", ["2", "3", "4"], "Process counts of the all-reduce timings (empty: skip).")
-flags.DEFINE_list("allreduce_bytes", ["4096", "65536", "1048576", "4194304", "16777216"],
-                  "Message sizes of the all-reduce timings, bytes per rank.")
-flags.DEFINE_integer("allreduce_reps", 10, "All-reduces timed per size and round.")
-flags.DEFINE_float("allreduce_timeout_s", 120.0, "Stop the all-reduce processes after this long.")
-flags.DEFINE_list("fit_fields", ["efficiency_fwd", "efficiency_bwd_weight", "cache_miss_slowdown_weight_grad",
-                                "half_efficiency_rows", "half_efficiency_batch", "per_layer_overhead_s",
-                                "half_efficiency_depth", "norm_memory_efficiency"],
-                  "Compute figures fitted to the step timings: by default the two pass efficiencies, "
-                  "the weight-gradient cache slowdown (the --base preset's was fitted to XLA's own "
-                  "filter gradient, which the CPU kernels replace), the saturation in batch x "
-                  "pixels, in the batch itself and in the reduction depth, the per-layer overhead and "
-                  "the BatchNorm memory efficiency (the last two since the native CPU kernels: their "
-                  "shallow stem and their BatchNorm share differ from XLA's; see docs/perf-search.md).")
-flags.DEFINE_list("bounds", [], "Bounds of fitted figures, name=lo:hi (default: "
-                  "jaxsprint.calibration.model_fit.default_bounds).")
-flags.DEFINE_list("fixed", [], "Figures held at their values of FIXED (with its reason as their source) "
-                  "instead of fitted (the cpu preset's command fixes those its small-CNN set cannot determine).")
-flags.DEFINE_string("name", "this_machine", "Name of the written preset (the --base preset's own name: a refit of "
-                    "that preset, which keeps its description).")
-flags.DEFINE_enum("loss", "squared", list(model_fit.LOSSES), "Loss of the log-errors (soft_l1: robust).")
-flags.DEFINE_float("loss_scale", 0.1, "Scale of the soft_l1 loss, in log units.")
-flags.DEFINE_integer("seed", 0, "Seed of the fit's random starts.")
-flags.DEFINE_bool("one_core", True, "Time the steps with this process pinned to one CPU (one learner per "
-                  "core, as the cpu preset models; without it XLA overlaps independent ops on other cores and "
-                  "CPU time counts that work too).")
-flags.DEFINE_bool("leave_one_model_out", True, "Also refit once per model with that model's steps held "
-                  "out and report the errors of predicting them (a network the fit has not seen).")
-flags.DEFINE_integer("starts", 6, "Starting points of each fit (the preset's values and random ones).")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = cli.define_config_file("config", os.path.join(_HERE, "configs", "calibrate.py"),
+                                 "The calibration's ml_collections config (experiments/configs/calibrate.py).")
+_OUT = flags.DEFINE_string("out", "runs/calibrate/this_machine.json", "Where to save the fitted preset (with "
+                           "its measurements and the resolved config).")
 
 _CIFAR = ("resnet8", "resnet20", "resnet32", "resnet56")  # timed models that have a cost table in the zoo
 _NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s", "updater_overhead_s")
@@ -107,8 +63,8 @@ _NETWORK_BOUNDS = {"network_latency_s": (1e-7, 1e-1), "network_bandwidth_bytes_p
 _TIED = {"efficiency_bwd_data": "efficiency_fwd"}  # XLA:CPU runs both with the same conv kernel
 
 # Figures the small-CNN set of the cpu preset (docs/perf-calibration.json) cannot determine: fitted with the
-# others, each ran onto a bound of the command's --bounds or got a relative standard error over 100% (not
-# determined to within a factor of 2). --fixed holds them at these values instead. {figure: (value, reason)}; the
+# others, each ran onto a bound of the command's config.bounds or got a relative standard error over 100% (not
+# determined to within a factor of 2). config.fixed holds them at these values instead. {figure: (value, reason)}; the
 # reason becomes the figure's source. See docs/perf-model.md.
 _ROOFLINE = ("not fitted: fitted on the small-CNN set it runs onto its upper bound 1 (XLA's own convolutions count "
              "their direct multiply-adds, so the pass cannot beat the peak); the saturation factors in rows, cols and "
@@ -138,55 +94,65 @@ FIXED = {
 }
 
 
-def _ints(name: str, values: list[str], minimum: int) -> list[int]:
+def _ints(name: str, values, minimum: int) -> list[int]:
     out = []
-    for v in values:
-        ok = v.strip().lstrip("-").isdigit() and int(v) >= minimum
-        check(ok, f"--{name}", v, f"integers >= {minimum}")
+    for v in cli.text_list(f"config.{name}", values):
+        ok = not isinstance(v, bool) and str(v).strip().lstrip("-").isdigit() and int(v) >= minimum
+        check(ok, f"config.{name}", v, f"integers >= {minimum}")
         out.append(int(v))
     return out
 
 
-def _bounds(values: list[str]) -> dict[str, tuple[float, float]]:
+def _bounds(values) -> dict[str, tuple[float, float]]:
     out = {}
-    for v in values:
-        name, _, rng = v.partition("=")
+    for v in cli.text_list("config.bounds", values):
+        name, _, rng = str(v).partition("=")
         lo, _, hi = rng.partition(":")
         allowed = "entries name=lo:hi with numbers 0 < lo < hi"
         try:
             out[name] = (float(lo), float(hi))
         except ValueError:
-            raise ConfigError("--bounds", v, allowed) from None
-        check(0 < out[name][0] < out[name][1], "--bounds", v, allowed)
-        check(name in machines.FIELDS, "--bounds", v, "entries name=lo:hi naming machine figures")
+            raise ConfigError("config.bounds", v, allowed) from None
+        check(0 < out[name][0] < out[name][1], "config.bounds", v, allowed)
+        check(name in machines.FIELDS, "config.bounds", v, "entries name=lo:hi naming machine figures")
     return out
 
 
 def check_flags() -> dict[str, Any]:
-    """Validates the flags (before anything is measured)."""
-    for m in FLAGS.models:
-        check(m in _CIFAR, "--models", m, f"one of {', '.join(_CIFAR)}")
+    """Validates the config and --out (before anything is measured)."""
+    c = _CONFIG.value
+    # The tuples as read (comma-separated text split): every use below and the preset's config see these.
+    for name in ("models", "fit_fields", "holdout_models", "fixed"):
+        c[name] = tuple(str(v) for v in cli.text_list(f"config.{name}", c[name]))
+    for name, minimum in (("batches", 1), ("holdout_batches", 1), ("ranks", 2), ("allreduce_bytes", 4)):
+        c[name] = tuple(_ints(name, c[name], minimum))
+    for name in ("rounds", "allreduce_reps", "starts", "seed", "holdout_seed"):
+        check(isinstance(c[name], int) and not isinstance(c[name], bool), f"config.{name}", c[name], "an integer")
+    check(c.cpu_kernels in cpu.MODES, "config.cpu_kernels", c.cpu_kernels, f"one of {', '.join(cpu.MODES)}")
+    check(c.loss in model_fit.LOSSES, "config.loss", c.loss, f"one of {', '.join(model_fit.LOSSES)}")
+    for m in c.models:
+        check(m in _CIFAR, "config.models", m, f"one of {', '.join(_CIFAR)}")
     compute_fields = [f for f in machines.FIELDS if f not in _NETWORK_FIELDS]
-    for f in FLAGS.fit_fields:
-        check(f in compute_fields, "--fit_fields", f, f"compute figures: {', '.join(compute_fields)}")
-    for f in FLAGS.fixed:
-        check(f in FIXED, "--fixed", f, f"figures of FIXED: {', '.join(FIXED)}")
-        check(f not in FLAGS.fit_fields, "--fixed", f, "figures not also in --fit_fields")
+    for f in c.fit_fields:
+        check(f in compute_fields, "config.fit_fields", f, f"compute figures: {', '.join(compute_fields)}")
+    for f in c.fixed:
+        check(f in FIXED, "config.fixed", f, f"figures of FIXED: {', '.join(FIXED)}")
+        check(f not in c.fit_fields, "config.fixed", f, "figures not also in config.fit_fields")
     for name in ("rounds", "allreduce_reps", "starts"):
-        check(FLAGS[name].value >= 1, f"--{name}", FLAGS[name].value, "an integer >= 1")
-    check(FLAGS.allreduce_timeout_s > 0, "--allreduce_timeout_s", FLAGS.allreduce_timeout_s, "a number > 0")
-    check(0 <= FLAGS.holdout_fraction < 1, "--holdout_fraction", FLAGS.holdout_fraction, "a number >= 0 and < 1")
+        check(c[name] >= 1, f"config.{name}", c[name], "an integer >= 1")
+    check(c.allreduce_timeout_s > 0, "config.allreduce_timeout_s", c.allreduce_timeout_s, "a number > 0")
+    check(0 <= c.holdout_fraction < 1, "config.holdout_fraction", c.holdout_fraction, "a number >= 0 and < 1")
     for name in ("loss_scale", "min_time_s"):
-        value = FLAGS[name].value
-        check(math.isfinite(value) and value > 0, f"--{name}", value, "a finite number > 0")
-    check(FLAGS.base in machines.PRESETS, "--base", FLAGS.base, f"one of {', '.join(machines.PRESETS)}")
-    cli.check_output_file("--out", FLAGS.out)
-    base = machines.get(FLAGS.base)
-    base = machines.with_figures(base, **{f: FIXED[f][0] for f in FLAGS.fixed})
-    return dict(base=base, batches=_ints("batches", FLAGS.batches, 1),
-                holdout=set(_ints("holdout_batches", FLAGS.holdout_batches, 1)),
-                ranks=_ints("ranks", FLAGS.ranks, 2), sizes=_ints("allreduce_bytes", FLAGS.allreduce_bytes, 4),
-                bounds=_bounds(FLAGS.bounds))
+        value = c[name]
+        check(math.isfinite(value) and value > 0, f"config.{name}", value, "a finite number > 0")
+    check(c.base in machines.PRESETS, "config.base", c.base, f"one of {', '.join(machines.PRESETS)}")
+    cli.check_output_file("--out", _OUT.value)
+    base = machines.get(c.base)
+    base = machines.with_figures(base, **{f: FIXED[f][0] for f in c.fixed})
+    return dict(base=base, batches=_ints("batches", c.batches, 1),
+                holdout=set(_ints("holdout_batches", c.holdout_batches, 1)),
+                ranks=_ints("ranks", c.ranks, 2), sizes=_ints("allreduce_bytes", c.allreduce_bytes, 4),
+                bounds=_bounds(c.bounds))
 
 
 def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
@@ -195,22 +161,23 @@ def measure(cfg: dict[str, Any], all_cpus: set[int] | None) -> dict[str, Any]:
     ``all_cpus``: the CPUs to give back to this thread (and so to the all-reduce processes it
     starts) after the steps were timed on one core; None when nothing was pinned.
     """
+    c = _CONFIG.value
     from jaxsprint.calibration import timing  # the training stack, only when measuring
 
-    configs = [(m, b) for m in FLAGS.models for b in cfg["batches"]]
-    timed = timing.measure_train_steps(configs, rounds=FLAGS.rounds, min_time_s=FLAGS.min_time_s,
-                                       cpu_kernels=FLAGS.cpu_kernels, log=lambda s: print(s, flush=True))
+    configs = [(m, b) for m in c.models for b in cfg["batches"]]
+    timed = timing.measure_train_steps(configs, rounds=c.rounds, min_time_s=c.min_time_s,
+                                       cpu_kernels=c.cpu_kernels, log=lambda s: print(s, flush=True))
     if all_cpus is not None:
         os.sched_setaffinity(0, all_cpus)
     steps = []
     for (model, batch), (t, samples) in zip(configs, timed):
-        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, cpu_kernels=FLAGS.cpu_kernels,
+        steps.append(dict(model=model, batch=batch, measured_s=t, samples=samples, cpu_kernels=c.cpu_kernels,
                           one_core=all_cpus is not None))
         print(f"step {model} batch {batch}: {1e3 * t:.2f} ms (CPU time)", flush=True)
     allreduces = []
     for r in cfg["ranks"]:
-        for a in timing.measure_allreduce(r, cfg["sizes"], reps=FLAGS.allreduce_reps,
-                                          timeout_s=FLAGS.allreduce_timeout_s):
+        for a in timing.measure_allreduce(r, cfg["sizes"], reps=c.allreduce_reps,
+                                          timeout_s=c.allreduce_timeout_s):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
             print(f"all-reduce {int(a.message_bytes):>9d} B x {r} processes: {1e3 * a.measured_s:.3f} ms",
                   flush=True)
@@ -226,23 +193,24 @@ def _print_stats(name: str, errors) -> dict[str, float]:
 
 def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str, Any], machines.Machine]:
     """Fits the preset and prints the tables; returns the summary saved with the preset and the machine."""
+    c = _CONFIG.value
     records = meas["steps"]
     timings = measurements.step_timings(records)
-    held = np.asarray([r["batch"] in cfg["holdout"] or r["model"] in FLAGS.holdout_models for r in records], bool)
-    if FLAGS.holdout_fraction and records:
-        held |= model_fit.holdout_split(len(records), FLAGS.holdout_fraction, FLAGS.holdout_seed)
+    held = np.asarray([r["batch"] in cfg["holdout"] or r["model"] in c.holdout_models for r in records], bool)
+    if c.holdout_fraction and records:
+        held |= model_fit.holdout_split(len(records), c.holdout_fraction, c.holdout_seed)
     train = [t for t, h in zip(timings, held) if not h]
     test = [t for t, h in zip(timings, held) if h]
-    check(bool(train), "--holdout_batches", FLAGS.holdout_batches, "fewer held-out batches, models or share: "
+    check(bool(train), "config.holdout_batches", c.holdout_batches, "fewer held-out batches, models or share: "
                                                                    "every step timing is held out")
     ars = measurements.allreduce_timings(meas["allreduces"])
-    tied = {k: v for k, v in _TIED.items() if k not in FLAGS.fixed and v not in FLAGS.fixed}
-    fit_kwargs = dict(tied=tied, seed=FLAGS.seed, starts=FLAGS.starts, bounds=cfg["bounds"], loss=FLAGS.loss,
-                      loss_scale=FLAGS.loss_scale)
-    compute = model_fit.fit(cfg["base"], train, fields=FLAGS.fit_fields, **fit_kwargs)
+    tied = {k: v for k, v in _TIED.items() if k not in c.fixed and v not in c.fixed}
+    fit_kwargs = dict(tied=tied, seed=c.seed, starts=c.starts, bounds=cfg["bounds"], loss=c.loss,
+                      loss_scale=c.loss_scale)
+    compute = model_fit.fit(cfg["base"], train, fields=c.fit_fields, **fit_kwargs)
     machine, network = compute.machine, None
     if ars:
-        network = model_fit.fit(machine, allreduces=ars, fields=_NETWORK_FIELDS, seed=FLAGS.seed,
+        network = model_fit.fit(machine, allreduces=ars, fields=_NETWORK_FIELDS, seed=c.seed,
                                 bounds=_NETWORK_BOUNDS)
         machine = network.machine
     print(f"\n{'split':9s} {'step':16s} {'measured ms':>11s} {'predicted ms':>12s} {'error':>7s}")
@@ -258,9 +226,9 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
     print("\ncompute figures (fitted on the steps not held out):")
     print(compute.table())
     models = [r["model"] for r in records]
-    if FLAGS.leave_one_model_out and len(set(models)) > 1:
+    if c.leave_one_model_out and len(set(models)) > 1:
         print("\nleave one model out (fit on the other models' steps at every batch, predict this one's):")
-        by_model = model_fit.leave_one_group_out(cfg["base"], timings, models, fields=FLAGS.fit_fields,
+        by_model = model_fit.leave_one_group_out(cfg["base"], timings, models, fields=c.fit_fields,
                                                  **fit_kwargs)
         for m, e in by_model.items():
             batches = [r["batch"] for r in records if r["model"] == m]
@@ -282,31 +250,32 @@ def fit_and_report(cfg: dict[str, Any], meas: dict[str, Any]) -> tuple[dict[str,
 
 
 def main(argv: list[str]) -> None:
+    c = _CONFIG.value
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
     # Before JAX starts its threads (see jaxsprint/train/cpu/hostmem.py); the steps run on one device.
     cfg = check_flags()
-    print(cpu.configure_host_memory(FLAGS.cpu_kernels), flush=True)
+    print(cpu.configure_host_memory(c.cpu_kernels), flush=True)
     all_cpus = None
-    if not FLAGS.measurements and FLAGS.one_core and hasattr(os, "sched_setaffinity"):
+    if not c.measurements and c.one_core and hasattr(os, "sched_setaffinity"):
         # One learner per core: JAX's threads, started after this, all share the first CPU.
         all_cpus = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {min(all_cpus)})
-    if FLAGS.measurements:
-        meas = measurements.load_measurements(FLAGS.measurements, "--measurements")
+    if c.measurements:
+        meas = measurements.load_measurements(c.measurements, "config.measurements")
     else:
         meas = measure(cfg, all_cpus)
-        raw = os.path.splitext(FLAGS.out)[0] + "_measurements.json"
+        raw = os.path.splitext(_OUT.value)[0] + "_measurements.json"
         os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
-        with open(raw, "w") as fh:  # kept even if the fit fails: refit with --measurements
+        with open(raw, "w") as fh:  # kept even if the fit fails: refit with config.measurements
             json.dump(dict(measurements=meas, loadavg=os.getloadavg()), fh)
         print(f"wrote {raw}", flush=True)
     summary, machine = fit_and_report(cfg, meas)
     fits = [summary["compute_fit"]] + ([summary["network_fit"]] if "network_fit" in summary else [])
     command = " ".join(["python experiments/calibrate.py"] + [shlex.quote(a) for a in sys.argv[1:]])
-    data = FLAGS.measurements or "the measurements saved with it"
-    sources = dict(machines.get(FLAGS.base).sources)
-    sources.update({f: FIXED[f][1] for f in FLAGS.fixed})
+    data = c.measurements or "the measurements saved with it"
+    sources = dict(machines.get(c.base).sources)
+    sources.update({f: FIXED[f][1] for f in c.fixed})
     rel_std_error = {}
     for f in fits:
         for k in f["fitted"]:
@@ -316,17 +285,18 @@ def main(argv: list[str]) -> None:
             sources[k] = f"fitted by `{command}` on {data} (relative standard error {se_text})"
     import jax
 
-    if FLAGS.name == FLAGS.base:  # a refit of the base preset: the same machine
-        description = machines.get(FLAGS.base).description
+    if c.name == c.base:  # a refit of the base preset: the same machine
+        description = machines.get(c.base).description
     else:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-        description = (f"this machine, calibrated {stamp} by experiments/calibrate.py from the {FLAGS.base} preset "
+        description = (f"this machine, calibrated {stamp} by experiments/calibrate.py from the {c.base} preset "
                        f"(jax {jax.__version__})")
-    machine = machine.replace(name=FLAGS.name, sources=tuple(sources.items()), description=description)
-    presets.save_preset(FLAGS.out, machine, command=command, fitted=sorted(rel_std_error),
-                        fixed={f: FIXED[f][0] for f in FLAGS.fixed}, rel_std_error=rel_std_error,
-                        compute_cv=summary.pop("compute_cv"), calibration=summary, measurements=meas)
-    print(f"\nwrote {FLAGS.out}; use it with --machine_file={FLAGS.out} "
+    machine = machine.replace(name=c.name, sources=tuple(sources.items()), description=description)
+    presets.save_preset(_OUT.value, machine, command=command, fitted=sorted(rel_std_error),
+                        fixed={f: FIXED[f][0] for f in c.fixed}, rel_std_error=rel_std_error,
+                        compute_cv=summary.pop("compute_cv"), calibration=summary,
+                        config=json.loads(c.to_json_best_effort()), measurements=meas)
+    print(f"\nwrote {_OUT.value}; use it with --machine_file={_OUT.value} "
           "(experiments/predict.py, experiments/search.py)")
 
 

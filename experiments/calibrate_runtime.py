@@ -1,30 +1,29 @@
 r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` preset's calibration.
 
-  python experiments/calibrate_runtime.py --out=PRESET.json      # about 10 min, quiet machine
-  python experiments/calibrate_runtime.py --out=PRESET.json --fit_only   # refit the stored --measurements
-  python experiments/calibrate_runtime.py --out=jaxsprint/perf/data/cpu_runtime.json --fit_only \
-      --runs_from=docs/runtime-calibration-runs/results.json   # stage 3 on validate_runtime.py --grid=calibration
+  python experiments/calibrate_runtime.py --config=experiments/configs/calibrate_runtime.py \
+      --out=PRESET.json                                  # about 10 min, quiet machine
+  python experiments/calibrate_runtime.py --config.calibration.fit_only=True --out=PRESET.json  # refit
+  python experiments/calibrate_runtime.py --out=jaxsprint/perf/data/cpu_runtime.json \
+      --config.calibration.fit_only=True --config.calibration.runs_from=docs/runtime-calibration-runs/results.json
 
-The calibration set (``jaxsprint.calibration.timing`` and ``jaxsprint.runtime`` on the machine at hand):
-  1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``--sub_batches``, every
-     sample kept (the fit takes their mean), and the cores that step keeps busy (process CPU time over wall
-     time, in this process of 8 devices: a runtime process has several; the start of the fit of
+The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
+(network, data, optimizer) with ``config.calibration``, what is measured and fitted (``calibration.<field>``
+below). The calibration set (``jaxsprint.calibration.timing`` and ``jaxsprint.runtime`` here):
+  1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``sub_batches``, every
+     sample kept (the fit takes their mean), and the cores that step keeps busy (the start of the fit of
      ``learner_step_cores``);
-  2. runtime runs (``runtime.run``, one host) for every learner count of ``--learners`` and emulated network
-     time of ``--network_times`` at ``--run_sub_batch``, each ``--duration_s`` long; their measured cycle
-     means and cvs after the warm-up (``runtime.events.statistics``);
+  2. runtime runs (``runtime.run``, one host) for every learner count of ``learners`` and emulated network
+     time of ``network_times`` at ``run_sub_batch``, each ``duration_s`` long; their measured cycle means and
+     cvs after the warm-up (``runtime.events.statistics``);
   3. all-reduces over 2 local processes (gloo) of the network's ``4P`` bytes and a sixteenth of it.
-``--runs_from`` takes the runs of 2. from a ``results.json`` of ``experiments/validate_runtime.py`` instead (its
-``--grid=calibration``: 1 and 2 hosts as processes, sub-batch 8-128, the updater on its own device); they replace
-the stored runs, so that a later ``--fit_only`` refits the same set. Prefer them: the default runs (one host, one
-sub-batch) leave the two-host figures unfitted and the sub-batch dependence of a step's cores unconstrained
-(docs/sprint-runtime.md measured them predicting the validation grid 41% off in the mean mini-batch). Then
-``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures
-(and both cvs), starting from the ``cpu_runtime`` preset and holding the figures the data cannot determine
-(``host_fit.FIXED``) at their documented values. ``--measurements`` gets the measurements (read back by
-``--fit_only``; rewritten with ``--runs_from``'s runs); ``--out`` the preset: every figure of the machine and of
-its host (``host`` section) with its source, the relative standard error of every fitted one and the fit's
-summary, a ``--machine_file`` for the launchers (the shipped one is ``jaxsprint/perf/data/cpu_runtime.json``).
+``runs_from`` takes the runs of 2. from a ``results.json`` of ``experiments/validate_runtime.py`` (its
+calibration grid: 1 and 2 hosts, sub-batch 8-128) instead; they replace the stored runs, so that a later
+``fit_only`` refits the same set. Prefer them: the default runs (one host, one sub-batch) leave the two-host
+figures unfitted. Then ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and
+updater figures (and both cvs) from the ``cpu_runtime`` preset, holding the figures the data cannot determine
+(``host_fit.FIXED``) at their documented values. ``measurements`` gets the measurements (read back by
+``fit_only``); ``--out`` the preset: every figure with its source and relative standard error, the fit's
+summary and the command, a ``--machine_file`` for the launchers (shipped: ``jaxsprint/perf/data/cpu_runtime.json``).
 """
 import os
 import sys
@@ -34,30 +33,14 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from jaxsprint import cli  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "configs", "sprint.py"),
-                                          "SPRINT config (network, data, optimizer).")
-_MEASUREMENTS = flags.DEFINE_string("measurements", "docs/runtime-calibration.json", "The measurements (JSON): "
-                                    "written when measuring, read by --fit_only.")
+_CONFIG = cli.define_config_file("config", os.path.join(_HERE, "configs", "calibrate_runtime.py"),
+                                 "The SPRINT config (network, data, optimizer) with config.calibration, what is "
+                                 "measured and fitted (experiments/configs/calibrate_runtime.py).")
 _OUT = flags.DEFINE_string("out", "runs/runtime-preset.json", "The fitted preset (JSON, a --machine_file).")
-_FIT_ONLY = flags.DEFINE_bool("fit_only", False, "Refit the measurements stored in --measurements; measure nothing.")
-_SUB_BATCHES = flags.DEFINE_list("sub_batches", ["8", "16", "32", "64", "128"], "Single-learner sub-batches.")
-_LEARNERS = flags.DEFINE_list("learners", ["1", "2", "4", "8"], "Learner counts of the runtime runs.")
-_NETWORK_TIMES = flags.DEFINE_list("network_times", ["0", "0.02"], "Emulated network times of the runs (s).")
-_RUN_SUB_BATCH = flags.DEFINE_integer("run_sub_batch", 32, "Sub-batch of the runtime runs.")
-_DURATION = flags.DEFINE_float("duration_s", 8.0, "Length of each runtime run (s).")
-_WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Start-up transient left out of each run (s).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of the single-learner timing.")
-_STEP_TIME = flags.DEFINE_float("step_time_s", 1.0, "Seconds of each sub-batch's steps per round (and of its "
-                                "cores measurement).")
-_RUNS_FROM = flags.DEFINE_string("runs_from", None, "A results.json of experiments/validate_runtime.py whose runs "
-                                 "(measured cycle means and cvs) are the runtime runs of the fit; no runs are "
-                                 "measured here then.")
-_ALLREDUCE = flags.DEFINE_bool("allreduce", True, "Time all-reduces over 2 processes (gloo).")
 
 from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa: E402  (the measurement file)
 
@@ -66,14 +49,15 @@ def _numbers(name, values, kind, lo):
     from jaxsprint.errors import check
 
     out = []
-    for v in values:
+    for v in cli.text_list(f"config.calibration.{name}", values):
         try:
-            x = kind(v)
-        except ValueError:
+            x = None if isinstance(v, bool) else kind(v)
+        except (TypeError, ValueError):
             x = None
-        check(x is not None and x >= lo, f"--{name}", v, f"a comma-separated list of {kind.__name__}s >= {lo}")
+        check(x is not None and x >= lo, f"config.calibration.{name}", v,
+              f"a tuple (or comma-separated text) of {kind.__name__}s >= {lo}")
         out.append(x)
-    check(bool(out), f"--{name}", values, "a non-empty list")
+    check(bool(out), f"config.calibration.{name}", values, "a non-empty tuple")
     return out
 
 
@@ -84,7 +68,7 @@ def runs_from(path):
 
     data = studies.load_json(path, dict)
     runs = data.get("runs")
-    check(isinstance(runs, list) and len(runs) > 0, "--runs_from", path,
+    check(isinstance(runs, list) and len(runs) > 0, "config.calibration.runs_from", path,
           "a results.json of experiments/validate_runtime.py with at least one run")
     measured = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s",
                 "gradients", "updates", "mean_staleness")
@@ -92,9 +76,9 @@ def runs_from(path):
     for r in runs:
         m = r.get("measured") if isinstance(r, dict) else None
         check(isinstance(m, dict) and all(k in m for k in measured)
-              and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")), "--runs_from", path,
-              "runs with a name, learners_per_host, hosts, sub_batch and measured cycle statistics "
-              "(validate_runtime.py's results.json)")
+              and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")),
+              "config.calibration.runs_from", path, "runs with a name, learners_per_host, hosts, sub_batch and "
+              "measured cycle statistics (validate_runtime.py's results.json)")
         out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
                         sub_batch=int(r["sub_batch"]), **{k: m[k] for k in measured}))
     return out
@@ -102,6 +86,7 @@ def runs_from(path):
 
 def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     """The calibration set as JSON-able records (module docstring)."""
+    k = config.calibration
     import copy
     import shutil
     import tempfile
@@ -111,16 +96,16 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
-    steps = timing.measure_gradient_steps(config, sub_batches, rounds=_ROUNDS.value, min_time_s=_STEP_TIME.value,
+    steps = timing.measure_gradient_steps(config, sub_batches, rounds=k.rounds, min_time_s=k.step_time_s,
                                           log=log)
     gradient_steps = [dict(sub_batch=b, measured_s=t, mean_s=float(sum(s) / len(s)), samples=s)
                       for b, (t, s) in zip(sub_batches, steps)]
-    cores = timing.measure_gradient_cores(config, sub_batches, min_time_s=_STEP_TIME.value)
+    cores = timing.measure_gradient_cores(config, sub_batches, min_time_s=k.step_time_s)
     step_cores = [dict(sub_batch=b, cores=c) for b, c in zip(sub_batches, cores)]
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
-    if runs is not None:  # given (--runs_from): none measured here
+    if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     else:
         runs = []
@@ -128,16 +113,16 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         for nt in network_times:
             c = copy.deepcopy(config)
             with c.unlocked():
-                c.sprint.learners_per_host, c.sprint.sub_batch = int(n), int(_RUN_SUB_BATCH.value)
-                c.sprint.network_time_s, c.sprint.duration_s = float(nt), float(_DURATION.value)
+                c.sprint.learners_per_host, c.sprint.sub_batch = int(n), int(k.run_sub_batch)
+                c.sprint.network_time_s, c.sprint.duration_s = float(nt), float(k.duration_s)
                 c.sprint.num_updates, c.sprint.num_epochs = 0, 0.0
-                c.sprint.warmup_s, c.sprint.checkpoint, c.sprint.eval_every_updates = float(_WARMUP.value), False, 0
+                c.sprint.warmup_s, c.sprint.checkpoint, c.sprint.eval_every_updates = float(k.warmup_s), False, 0
             workdir = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
             try:
                 st = events.statistics(runtime.run(c, workdir).events)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-            rec = dict(learners_per_host=int(n), hosts=1, sub_batch=int(_RUN_SUB_BATCH.value), network_time_s=float(nt),
+            rec = dict(learners_per_host=int(n), hosts=1, sub_batch=int(k.run_sub_batch), network_time_s=float(nt),
                        **{k: st[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
                                              "images_per_s", "gradients", "updates", "mean_staleness")})
             runs.append(rec)
@@ -145,7 +130,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                 f"{rec['t_compute_cv']:.2f}), T_u {1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), "
                 f"{rec['gradients']} gradients")
     allreduces = []
-    if _ALLREDUCE.value:
+    if k.allreduce:
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
         for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
@@ -210,23 +195,26 @@ def main(argv):
     from jaxsprint.calibration import model_fit
 
     config = _CONFIG.value
-    out, meas_path = _OUT.value, _MEASUREMENTS.value
-    given_runs = runs_from(_RUNS_FROM.value) if _RUNS_FROM.value else None  # read and checked before anything
-    if _FIT_ONLY.value:
+    k = config.calibration
+    out, meas_path = _OUT.value, k.measurements
+    cli.check_output_file("--out", out)
+    given_runs = runs_from(k.runs_from) if k.runs_from else None  # read and checked before anything
+    if k.fit_only:
         data = studies.load_json(meas_path, dict)
-        check(data.get("format") == FORMAT and "measurements" in data, "--measurements", meas_path,
-              f"a file written by this script (format {FORMAT!r}) to refit with --fit_only")
+        check(data.get("format") == FORMAT and "measurements" in data, "config.calibration.measurements", meas_path,
+              f"a file written by this script (format {FORMAT!r}) to refit with config.calibration.fit_only")
         meas = data["measurements"]
         if given_runs is not None:
             meas = dict(meas, runs=given_runs)
-            studies.save_json(meas_path, dict(format=FORMAT, measurements=meas))  # a later --fit_only: the same set
+            studies.save_json(meas_path, dict(format=FORMAT, measurements=meas))  # a later fit_only: the same set
     else:
-        sub_batches = _numbers("sub_batches", _SUB_BATCHES.value, int, 1)
-        learners = _numbers("learners", _LEARNERS.value, int, 1)
-        network_times = _numbers("network_times", _NETWORK_TIMES.value, float, 0.0)
-        check(_DURATION.value > _WARMUP.value >= 0, "--duration_s", _DURATION.value,
-              f"longer than --warmup_s={_WARMUP.value} (which is >= 0)")
-        check(_STEP_TIME.value > 0, "--step_time_s", _STEP_TIME.value, "a number > 0")
+        sub_batches = _numbers("sub_batches", k.sub_batches, int, 1)
+        learners = _numbers("learners", k.learners, int, 1)
+        network_times = _numbers("network_times", k.network_times, float, 0.0)
+        check(k.duration_s > k.warmup_s >= 0, "config.calibration.duration_s", k.duration_s,
+              f"longer than config.calibration.warmup_s={k.warmup_s} (which is >= 0)")
+        check(k.step_time_s > 0, "config.calibration.step_time_s", k.step_time_s, "a number > 0")
+        k.sub_batches, k.learners, k.network_times = tuple(sub_batches), tuple(learners), tuple(network_times)
         from jaxsprint import runtime
 
         import copy

@@ -1,37 +1,31 @@
 r"""The SPRINT model judged against the real runtime over a grid of configurations.
 
-  python experiments/validate_runtime.py --out=runs/validate_runtime          # the grid: about 30-40 minutes
+  python experiments/validate_runtime.py --config=experiments/configs/validate_runtime.py \
+      --out=runs/validate_runtime                                  # the grid: about 30-40 minutes
   python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
   python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
   python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
-  python experiments/validate_runtime.py --out=docs/runtime-calibration-runs --grid=calibration  # the runs that
-      # calibrate_runtime.py --runs_from fits the preset to (10 configurations apart from the grid, ~12 minutes)
+  python experiments/validate_runtime.py --out=docs/runtime-calibration-runs \
+      --config.validation.grid=calibration   # the runs calibrate_runtime.py fits to (10 others, ~12 minutes)
 
-Each configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from
-about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
-jax.distributed with gloo; each process gets one fake CPU device per learner and, with --updater_device=own, the
-default, one more for its updater, so that the updater's programs never queue behind a learner's), long enough for at
-least --min_gradients gradients and --min_updates updates after the warm-up: the duration comes from the
-model's specs estimate of T_c and T_u (the --machine preset), and a run that falls short is repeated once,
-longer. Writes to --out: ``runs/<name>/`` (each run's workdir, stdout and stderr), ``results.json`` (every
-run's JSON), ``results.csv`` and ``summary.md`` (errors per configuration, their medians and 90th
-percentiles, from timings and from specs) and ``errors.png``. Run it on a quiet machine: the learners share
-the cores with everything else.
+The config (``experiments/configs/validate_runtime.py``, the default of ``--config``) is the SPRINT config of
+every run with ``config.validation`` (``validation.<field>`` below): the grid and the predictions. Each
+configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from about
+0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
+jax.distributed with gloo; each process gets one fake CPU device per learner and, with ``updater_device=own``,
+the default, one more for its updater), long enough for at least ``min_gradients`` gradients and
+``min_updates`` updates after the warm-up: the duration comes from the model's specs estimate of T_c and T_u
+(the ``machine`` preset), and a run that falls short is repeated once, longer. Writes to --out: ``runs/<name>/``
+(each run's workdir, stdout and stderr), ``results.json``, ``results.csv``, ``summary.md`` (errors per
+configuration, their medians and 90th percentiles, from timings and from specs), ``errors.png`` and
+``config.json`` (the resolved config). Run it on a quiet machine: the learners share the cores.
 
-The specs prediction (``--specs``): ``loo`` (the default) predicts each run with the --machine preset whose
-runtime figures (:data:`jaxsprint.calibration.host_fit.RUNTIME_FIELDS`: the learners' host work, the
-updater's overhead, per-learner cost, cores, two-host stretch and queue) are refitted to the measured cycle means
-of the OTHER runs of the grid (leave one out, :func:`jaxsprint.calibration.host_fit.cross_validate`; the
-compute and network figures and the measured cores of a lone step stay the preset's); ``preset`` uses the
-preset as it is.
-
-``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out, recomputes both
-predictions with the current model and preset (the specs one from --config with the overrides saved in
-``results.json`` and the run's own learners, hosts, sub-batch and network time read from its log), and
-rewrites ``results.json``, ``results.csv``, ``summary.md`` and ``errors.png``.
-
-Flags that start with ``--config.`` (in the ``=`` form, e.g. ``--config.model=resnet20``) are passed to every
-run.
+The specs prediction (``specs``): ``loo`` (the default) predicts each run with the preset whose runtime figures
+(:data:`jaxsprint.calibration.host_fit.RUNTIME_FIELDS`) are refitted to the measured cycle means of the OTHER
+runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset`` uses the preset as it is.
+``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out and recomputes
+both predictions with the current model and preset (the specs one from the config with the overrides saved in
+``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run.
 """
 import csv
 import json
@@ -50,32 +44,16 @@ from jaxsprint import cli, subprocs  # noqa: E402
 from jaxsprint.errors import ConfigError, check  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_DEFAULT_CONFIG = os.path.join(_HERE, "configs", "sprint.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "The SPRINT config of every run.",
-                                          lock_config=True)
+_DEFAULT_CONFIG = os.path.join(_HERE, "configs", "validate_runtime.py")
+_CONFIG = cli.define_config_file("config", _DEFAULT_CONFIG, "The SPRINT config of every run with "
+                                 "config.validation, the grid and the predictions "
+                                 "(experiments/configs/validate_runtime.py).")
 _OUT = flags.DEFINE_string("out", None, "Output folder (created).")
-_GRID = flags.DEFINE_enum("grid", "validation", ["validation", "calibration"], "validation: the 20 configurations "
-                          "the model is judged on; calibration: 10 others, whose runs calibrate_runtime.py "
-                          "--runs_from fits the preset's runtime figures to (so that the preset never saw the "
-                          "validation grid).")
 _QUICK = flags.DEFINE_bool("quick", False, "A tiny grid (2 runs of a tiny model, a few seconds each) for tests.")
 _DRY = flags.DEFINE_bool("dry_run", False, "Print the plan and its estimated time; run nothing.")
-_ONLY = flags.DEFINE_list("only", [], "Run only these configurations of the grid (names).")
-_MIN_GRAD = flags.DEFINE_integer("min_gradients", 2000, "Gradients after the warm-up each run needs.")
-_MIN_UPD = flags.DEFINE_integer("min_updates", 500, "Updates after the warm-up each run needs.")
-_WARMUP = flags.DEFINE_float("warmup_s", 2.0, "Warm-up cut of every run (config.sprint.warmup_s).")
-_MAX_DUR = flags.DEFINE_float("max_duration_s", 180.0, "Longest run.")
-_MACHINE = flags.DEFINE_string("machine", "cpu_runtime", "Machine preset of the specs prediction and the plan.")
-_MACHINE_FILE = flags.DEFINE_string("machine_file", None, "A preset file instead of --machine.")
-_TIMEOUT = flags.DEFINE_float("run_timeout_s", 900.0, "Stop a run's processes after this long.")
-_SPECS = flags.DEFINE_enum("specs", "loo", ["loo", "preset"], "The specs prediction: loo = each run from the "
-                           "preset refitted (perf.runtime_calibration.cross_validate) to the OTHER runs of the grid; "
-                           "preset = the --machine preset as it is.")
-_UPDATER_DEVICE = flags.DEFINE_enum("updater_device", "own", ["shared", "own"], "config.sprint.updater_device "
-                                     "of every run; own: each process gets one device more than its learners, "
-                                     "the updater's.")
 _REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "
                                "and preset; run nothing.")
+_GRIDS, _SPECS_KINDS, _UPDATER_DEVICES = ("validation", "calibration"), ("loo", "preset"), ("shared", "own")
 
 # (name, hosts, learners per host, sub-batch, emulated network ms), chosen for T_u/T_c from about 0.1 to 10
 # on 2 cores (learners beyond the cores time-share them, so T_c grows with all processes' learners).
@@ -111,8 +89,8 @@ _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_mi
 
 
 def _config_overrides() -> list[str]:
-    """The ``--config.*`` flags of this command line, passed on to every run."""
-    return [a for a in sys.argv[1:] if a.startswith("--config.")]
+    """The ``--config.*`` flags of this command line, passed on to every run (not ``config.validation``'s)."""
+    return [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.validation.")]
 
 
 def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
@@ -151,10 +129,8 @@ def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overr
             "--config.sprint.num_updates=0", "--config.sprint.num_epochs=0.0",
             f"--config.sprint.warmup_s={warmup_s}", "--config.sprint.checkpoint=False",
             "--config.sprint.eval_every_updates=0"]
-    if _MACHINE_FILE.value:
-        args.append(f"--machine_file={_MACHINE_FILE.value}")
-    else:
-        args.append(f"--machine={_MACHINE.value}")
+    v = _CONFIG.value.validation
+    args.append(f"--machine_file={v.machine_file}" if v.machine_file else f"--machine={v.machine}")
     own = _OWN_UPDATER in overrides  # one more device per process, the updater's
     if own:
         args.append(f"--config.sprint.devices={lph}")
@@ -414,36 +390,42 @@ def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
     check(bool(_OUT.value), "--out", _OUT.value, "an output folder is required")
+    v = _CONFIG.value.validation
     for name in ("min_gradients", "min_updates"):
-        check(flags.FLAGS[name].value >= 1, f"--{name}", flags.FLAGS[name].value, "an integer >= 1")
-    check(math.isfinite(_WARMUP.value) and _WARMUP.value >= 0, "--warmup_s", _WARMUP.value, "a number >= 0")
-    check(_MAX_DUR.value > 0 and _TIMEOUT.value > 0, "--max_duration_s/--run_timeout_s",
-          (_MAX_DUR.value, _TIMEOUT.value), "numbers > 0")
-    grid = QUICK_GRID if _QUICK.value else CALIBRATION_GRID if _GRID.value == "calibration" else GRID
-    label = "quick" if _QUICK.value else _GRID.value
+        check(isinstance(v[name], int) and v[name] >= 1, f"config.validation.{name}", v[name], "an integer >= 1")
+    check(math.isfinite(v.warmup_s) and v.warmup_s >= 0, "config.validation.warmup_s", v.warmup_s, "a number >= 0")
+    for name in ("max_duration_s", "run_timeout_s"):
+        check(math.isfinite(v[name]) and v[name] > 0, f"config.validation.{name}", v[name], "a number > 0")
+    for name, allowed in (("grid", _GRIDS), ("specs", _SPECS_KINDS), ("updater_device", _UPDATER_DEVICES)):
+        check(v[name] in allowed, f"config.validation.{name}", v[name], f"one of {', '.join(allowed)}")
+    grid = QUICK_GRID if _QUICK.value else CALIBRATION_GRID if v.grid == "calibration" else GRID
+    label = "quick" if _QUICK.value else v.grid
     names = [g[0] for g in grid]
-    for n in _ONLY.value:
-        check(n in names, "--only", n, f"names of the {label} grid: {', '.join(names)}")
-    grid = [g for g in grid if not _ONLY.value or g[0] in _ONLY.value]
+    only = cli.text_list("config.validation.only", v.only)
+    for n in only:
+        check(n in names, "config.validation.only", n, f"names of the {label} grid: {', '.join(names)}")
+    grid = [g for g in grid if not only or g[0] in only]
     overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
-    if _UPDATER_DEVICE.value == "own" and _OWN_UPDATER not in overrides:
+    if v.updater_device == "own" and _OWN_UPDATER not in overrides:
         overrides.append(_OWN_UPDATER)
     from jaxsprint.calibration import host
     from jaxsprint.perf import presets
 
-    name = None if _MACHINE_FILE.value else _MACHINE.value
-    machine = presets.load_machine(name, _MACHINE_FILE.value)
-    machine = (machine, host.load_host(machine, name, _MACHINE_FILE.value))  # with its host figures
+    name = None if v.machine_file else v.machine
+    with cli.as_config_fields("config.validation."):
+        machine = presets.load_machine(name, v.machine_file)
+        machine = (machine, host.load_host(machine, name, v.machine_file))  # with its host figures
     if _REANALYSE.value:
         check(os.path.isdir(os.path.join(_OUT.value, "runs")), "--out", _OUT.value,
               "a folder with saved runs (runs/<name>/events.npz) for --reanalyse")
-        rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None, _SPECS.value)
+        rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None, v.specs)
         check(bool(rows), "--out", _OUT.value, "saved runs that can be re-analysed")
         used = _config_overrides()
         if not used and os.path.exists(os.path.join(_OUT.value, "results.json")):
             with open(os.path.join(_OUT.value, "results.json")) as fh:
                 used = json.load(fh).get("overrides", [])
         _write(_OUT.value, rows, failures, used)
+        cli.write_config(_OUT.value, _CONFIG.value)
         if failures:
             sys.exit(1)
         return
@@ -452,10 +434,10 @@ def main(argv):
         plan = {g[0]: QUICK_DURATION_S for g in grid}
         est = {}
     else:
-        warmup = _WARMUP.value
+        warmup = v.warmup_s
         est = _estimates(_CONFIG.value, grid, machine)
-        plan = {g[0]: plan_duration(*est[g[0]], g[1] * g[2], min_gradients=_MIN_GRAD.value,
-                                    min_updates=_MIN_UPD.value, warmup_s=warmup, max_duration_s=_MAX_DUR.value)
+        plan = {g[0]: plan_duration(*est[g[0]], g[1] * g[2], min_gradients=v.min_gradients,
+                                    min_updates=v.min_updates, warmup_s=warmup, max_duration_s=v.max_duration_s)
                 for g in grid}
     total = sum(plan.values()) + _STARTUP_S * len(grid)
     print(f"{len(grid)} runs, about {total / 60:.0f} minutes (run time {sum(plan.values()):.0f} s plus about "
@@ -467,9 +449,10 @@ def main(argv):
     if _DRY.value:
         return
     os.makedirs(_OUT.value, exist_ok=True)
+    cli.write_config(_OUT.value, _CONFIG.value)  # the resolved config (each run also keeps its own)
     rows, failures = [], []
-    min_grad = 1 if _QUICK.value else _MIN_GRAD.value
-    min_upd = 1 if _QUICK.value else _MIN_UPD.value
+    min_grad = 1 if _QUICK.value else v.min_gradients
+    min_upd = 1 if _QUICK.value else v.min_updates
     for g in grid:
         duration = plan[g[0]]
         res = None
@@ -477,7 +460,7 @@ def main(argv):
             t0 = time.monotonic()
             try:
                 res = run_config(g, os.path.join(_OUT.value, "runs", g[0]), duration_s=duration, warmup_s=warmup,
-                                 overrides=overrides, timeout_s=_TIMEOUT.value)
+                                 overrides=overrides, timeout_s=v.run_timeout_s)
             except RuntimeError as e:  # one failed configuration does not end the grid; it is reported
                 print(f"{g[0]}: FAILED: {e}", flush=True)
                 failures.append({"name": g[0], "error": str(e)})
@@ -487,9 +470,9 @@ def main(argv):
             print(f"{g[0]}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
                   f"(wall {time.monotonic() - t0:.0f} s), T_u/T_c {m['t_update_s'] / m['t_compute_s']:.3g}; "
                   f"from timings: {json.dumps(res['errors_from_timings'])}", flush=True)
-            if short <= 1 or attempt == 1 or duration >= _MAX_DUR.value:
+            if short <= 1 or attempt == 1 or duration >= v.max_duration_s:
                 break
-            duration = min(_MAX_DUR.value, warmup + 1.3 * short * (duration - warmup) + 1.0)
+            duration = min(v.max_duration_s, warmup + 1.3 * short * (duration - warmup) + 1.0)
             print(f"{g[0]}: too short, again for {duration:.1f} s", flush=True)
         if res is not None:
             rows.append(dict(name=g[0], hosts=g[1], learners_per_host=g[2], sub_batch=g[3], network_ms=g[4],
@@ -499,7 +482,7 @@ def main(argv):
     if not rows:
         raise ConfigError("grid", [f["name"] for f in failures], f"runs that work: every run failed, the first "
                                                                  f"with {failures[0]['error']}")
-    if _SPECS.value == "loo" and len(rows) >= 2:  # the specs predictions, each from a fit to the other runs
+    if v.specs == "loo" and len(rows) >= 2:  # the specs predictions, each from a fit to the other runs
         keep = {r["name"]: r for r in rows}
         with open(os.path.join(_OUT.value, "results.json"), "w") as fh:
             json.dump({"runs": rows, "failures": failures, "overrides": overrides}, fh)

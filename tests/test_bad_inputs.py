@@ -286,37 +286,42 @@ def _search_cases():
 
 
 def _calibrate_cases():
-    m = ["--measurements"]
+    c = "--config."
     bad = ["meas_missing_key", "meas_unknown_model", "meas_batch_text", "meas_batch_zero", "meas_one_rank",
            "meas_time_negative", "meas_time_nan", "meas_bytes_zero", "meas_steps_not_list",
            "meas_record_not_dict", "meas_records_missing_shape", "meas_no_steps", "meas_ranks_text"]
-    out = [([f"{m[0]}=bad/{name}.json", "--out=out/x.json"], "--measurements") for name in bad]
+    out = [([f"{c}measurements=bad/{name}.json", "--out=out/x.json"], "config.measurements") for name in bad]
+    g = [c + "measurements=good_meas.json", "--out=out/x.json"]
     out += [
-        (["--measurements=no_such.json", "--out=out/x.json"], "--measurements"),
-        (["--measurements=not_json.json", "--out=out/x.json"], "--measurements"),
-        (["--measurements=wrong_format.json", "--out=out/x.json"], "--measurements"),
-        (["--measurements=good_meas.json", "--out=afile/x.json"], "--out"),
-        (["--measurements=good_meas.json", "--out=w"], "--out"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--models=resnet7"], "--models"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--fit_fields=nope"], "--fit_fields"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--rounds=0"], "--rounds"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--starts=0"], "--starts"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--allreduce_timeout_s=0"], "--allreduce_timeout_s"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--holdout_fraction=1"], "--holdout_fraction"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--holdout_fraction=nan"], "--holdout_fraction"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--batches=0"], "--batches"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--batches=x"], "--batches"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--ranks=1"], "--ranks"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--allreduce_bytes=2"], "--allreduce_bytes"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--bounds=efficiency_fwd=2:1"], "--bounds"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--bounds=nope=1:2"], "--bounds"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--loss_scale=0"], "--loss_scale"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--loss_scale=nan"], "--loss_scale"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--min_time_s=-1"], "--min_time_s"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--base=nope"], "--base"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--holdout_batches=4,8,16,32,64"], "--holdout_batches"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "--cpu_kernels=fast"], "cpu_kernels"),
-        (["--measurements=good_meas.json", "--out=out/x.json", "extra"], "arguments"),
+        ([c + "measurements=no_such.json", "--out=out/x.json"], "config.measurements"),
+        ([c + "measurements=not_json.json", "--out=out/x.json"], "config.measurements"),
+        ([c + "measurements=wrong_format.json", "--out=out/x.json"], "config.measurements"),
+        ([c + "measurements=good_meas.json", "--out=afile/x.json"], "--out"),
+        ([c + "measurements=good_meas.json", "--out=w"], "--out"),
+        (g + [c + "models=resnet7"], "config.models"),
+        (g + [c + "fit_fields=nope"], "config.fit_fields"),
+        (g + [c + "rounds=0"], "config.rounds"),
+        (g + [c + "starts=0"], "config.starts"),
+        (g + [c + "starts=two"], "config.starts"),
+        (g + [c + "allreduce_timeout_s=0"], "config.allreduce_timeout_s"),
+        (g + [c + "holdout_fraction=1"], "config.holdout_fraction"),
+        (g + [c + "holdout_fraction=nan"], "config.holdout_fraction"),
+        (g + [c + "batches=0"], "config.batches"),
+        (g + [c + "batches=x"], "config.batches"),
+        (g + [c + "ranks=1"], "config.ranks"),
+        (g + [c + "allreduce_bytes=2"], "config.allreduce_bytes"),
+        (g + [c + "bounds=efficiency_fwd=2:1"], "config.bounds"),
+        (g + [c + "bounds=nope=1:2"], "config.bounds"),
+        (g + [c + "loss=cubic"], "config.loss"),
+        (g + [c + "loss_scale=0"], "config.loss_scale"),
+        (g + [c + "loss_scale=nan"], "config.loss_scale"),
+        (g + [c + "min_time_s=-1"], "config.min_time_s"),
+        (g + [c + "base=nope"], "config.base"),
+        (g + [c + "holdout_batches=4,8,16,32,64"], "config.holdout_batches"),
+        (g + [c + "cpu_kernels=fast"], "config.cpu_kernels"),
+        (g + [c + "no_such=1"], "config.no_such"),
+        (g + ["--rounds=2"], "--rounds"),  # a setting of the config, not a flag
+        (g + ["extra"], "arguments"),
     ]
     return out
 

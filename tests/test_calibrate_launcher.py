@@ -36,8 +36,8 @@ def _run(*args, env=None):
 def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
     meas, out = tmp_path / "m.json", tmp_path / "preset.json"
     _measurements(meas)
-    r = _run(f"--measurements={meas}", f"--out={out}", "--fit_fields=efficiency_fwd,efficiency_bwd_weight",
-             "--holdout_batches=8")
+    r = _run(f"--config.measurements={meas}", f"--out={out}",
+             "--config.fit_fields=efficiency_fwd,efficiency_bwd_weight", "--config.holdout_batches=8")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "steps held_out: n=2" in r.stdout and "steps leave-one-model-out: n=8" in r.stdout
     saved = json.loads(out.read_text())
@@ -51,10 +51,13 @@ def test_refit_reports_both_held_out_protocols_and_saves_the_preset(tmp_path):
     assert machine.name == "this_machine"
     sources = dict(machine.sources)
     assert sources["efficiency_fwd"].startswith(f"fitted by `{saved['command']}` on {meas} (relative standard error")
-    assert saved["command"].startswith("python experiments/calibrate.py --measurements=")
+    assert saved["command"].startswith("python experiments/calibrate.py --config.measurements=")
     assert saved["fitted"] == ["efficiency_bwd_data", "efficiency_bwd_weight", "efficiency_fwd"]  # one tied
     assert saved["fixed"] == {} and 0 < saved["rel_std_error"]["efficiency_fwd"] < 0.01
     assert sources["peak_flops_per_s"] == dict(machines.get("cpu").sources)["peak_flops_per_s"]
+    # The preset keeps the resolved config that made it: the file's values with the overrides applied.
+    assert saved["config"]["holdout_batches"] == [8] and saved["config"]["base"] == "cpu"
+    assert saved["config"]["fit_fields"] == ["efficiency_fwd", "efficiency_bwd_weight"]  # the text, resolved
 
 
 def test_refit_of_the_small_cnn_set_with_a_random_held_out_share(tmp_path):
@@ -62,10 +65,11 @@ def test_refit_of_the_small_cnn_set_with_a_random_held_out_share(tmp_path):
     data = json.load(open(os.path.join(ROOT, "docs", "perf-calibration.json")))
     meas, out = tmp_path / "small.json", tmp_path / "preset.json"
     meas.write_text(json.dumps({"records": data["records"][:12]}))
-    r = _run(f"--measurements={meas}", f"--out={out}", "--holdout_batches=", "--holdout_fraction=0.34",
-             "--holdout_seed=1", "--fit_fields=efficiency_fwd,norm_memory_efficiency", "--loss=soft_l1",
-             "--bounds=efficiency_fwd=0.01:1", "--starts=2", "--fixed=maxpool_backward_memory_efficiency",
-             "--name=cpu")
+    c = "--config."
+    r = _run(f"{c}measurements={meas}", f"--out={out}", c + "holdout_batches=", c + "holdout_fraction=0.34",
+             c + "holdout_seed=1", c + "fit_fields=efficiency_fwd,norm_memory_efficiency", c + "loss=soft_l1",
+             c + "bounds=efficiency_fwd=0.01:1", c + "starts=2", c + "fixed=maxpool_backward_memory_efficiency",
+             "--config.name=cpu")
     assert r.returncode == 0, r.stderr[-2000:]
     saved = json.loads(out.read_text())
     summary = saved["calibration"]
@@ -86,24 +90,28 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path):
     meas, out = tmp_path / "m.json", tmp_path / "preset.json"
     _measurements(meas)
     for args, env, words in (
-            (["--starts=0"], None, "invalid --starts=0: an integer >= 1"),
-            (["--fit_fields=efficiency_fwd,network_latency_s"], None,
-             "invalid --fit_fields='network_latency_s': compute figures"),
-            (["--bounds=efficiency_fwd=0.5"], None, "invalid --bounds='efficiency_fwd=0.5': entries name=lo:hi"),
-            (["--bounds=speed=1:2"], None, "invalid --bounds='speed=1:2': entries name=lo:hi naming machine figures"),
-            (["--bounds=efficiency_fwd=0.5:0.1"], None,
-             "invalid --bounds='efficiency_fwd=0.5:0.1': entries name=lo:hi with numbers 0 < lo < hi"),
-            (["--holdout_fraction=1"], None, "invalid --holdout_fraction=1.0: a number >= 0 and < 1"),
-            (["--fixed=per_layer_overhead_s"], None, "invalid --fixed='per_layer_overhead_s': figures of FIXED"),
-            (["--fixed=efficiency_fwd"], None, "invalid --fixed='efficiency_fwd': figures not also in --fit_fields"),
-            (["--batches=4,x"], None, "invalid --batches='x': integers >= 1"),
+            (["--config.starts=0"], None, "invalid config.starts=0: an integer >= 1"),
+            (["--config.fit_fields=efficiency_fwd,network_latency_s"], None,
+             "invalid config.fit_fields='network_latency_s': compute figures"),
+            (["--config.bounds=efficiency_fwd=0.5"], None,
+             "invalid config.bounds='efficiency_fwd=0.5': entries name=lo:hi"),
+            (["--config.bounds=speed=1:2"], None,
+             "invalid config.bounds='speed=1:2': entries name=lo:hi naming machine figures"),
+            (["--config.bounds=efficiency_fwd=0.5:0.1"], None,
+             "invalid config.bounds='efficiency_fwd=0.5:0.1': entries name=lo:hi with numbers 0 < lo < hi"),
+            (["--config.holdout_fraction=1"], None, "invalid config.holdout_fraction=1.0: a number >= 0 and < 1"),
+            (["--config.fixed=per_layer_overhead_s"], None,
+             "invalid config.fixed='per_layer_overhead_s': figures of FIXED"),
+            (["--config.fixed=efficiency_fwd"], None,
+             "invalid config.fixed='efficiency_fwd': figures not also in config.fit_fields"),
+            (["--config.batches=4,x"], None, "invalid config.batches='x': integers >= 1"),
             (["extra"], None, "invalid arguments=['extra']: none besides --flags"),
             ([], {"JAXSPRINT_CPU_KERNELS": "fast"},
              "invalid JAXSPRINT_CPU_KERNELS='fast': allowed: auto, off, require"),
-            (["--cpu_kernels=fast"], None, "cpu_kernels"),
-            (["--measurements=" + str(tmp_path / "missing.json")], None,
-             f"invalid --measurements={str(tmp_path / 'missing.json')!r}: an existing measurement file")):
-        r = _run(f"--measurements={meas}", f"--out={out}", *args, env=env)
+            (["--config.cpu_kernels=fast"], None, "cpu_kernels"),
+            (["--config.measurements=" + str(tmp_path / "missing.json")], None,
+             f"invalid config.measurements={str(tmp_path / 'missing.json')!r}: an existing measurement file")):
+        r = _run(f"--config.measurements={meas}", f"--out={out}", *args, env=env)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not out.exists()

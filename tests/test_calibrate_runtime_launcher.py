@@ -1,6 +1,6 @@
 """experiments/calibrate_runtime.py: --fit_only on stored measurements (a synthetic set) writes the preset (the fit,
-every figure of the machine and its host, their sources and standard errors); bad flags exit 2 before anything is
-measured."""
+every figure of the machine and its host, their sources and standard errors); bad config values exit 2 before
+anything is measured."""
 import json
 import os
 import subprocess
@@ -28,7 +28,7 @@ def test_fit_only_refits_stored_measurements(tmp_path):
                 allreduces=[dict(bytes=1e4, ranks=2, measured_s=5e-4), dict(bytes=1e6, ranks=2, measured_s=2e-3)])
     cal, out = tmp_path / "cal.json", tmp_path / "preset.json"
     cal.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
-    r = _run(f"--measurements={cal}", f"--out={out}", "--fit_only")
+    r = _run(f"--config.calibration.measurements={cal}", f"--out={out}", "--config.calibration.fit_only=True")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "learner_step_cores" in r.stdout and "relative standard error" in r.stdout
     data = json.loads(out.read_text())
@@ -40,22 +40,28 @@ def test_fit_only_refits_stored_measurements(tmp_path):
     assert 1.0 <= fitted["learner_step_cores"] <= 4.0 and fitted["learner_step_cores"] != pytest.approx(2.8, rel=1e-4)
     # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2).
     assert 2e-4 < data["host"]["figures"]["updater_per_learner_s"] < 8e-4
+    assert data["command"].endswith("--config.calibration.fit_only=True")  # the command that made it
 
 
-def test_bad_flags_exit_2(tmp_path):
-    r = _run(f"--out={tmp_path / 'x.json'}", "--learners=0")
-    assert r.returncode == 2 and "error: invalid --learners='0'" in r.stderr
+def test_bad_config_values_exit_2(tmp_path):
+    k = "--config.calibration."
+    r = _run(f"--out={tmp_path / 'x.json'}", k + "learners=0")
+    assert r.returncode == 2 and "error: invalid config.calibration.learners=0" in r.stderr
     assert not os.path.exists(tmp_path / "x.json")
-    r = _run(f"--out={tmp_path / 'x.json'}", "--step_time_s=0")
-    assert r.returncode == 2 and "error: invalid --step_time_s=0" in r.stderr and "Traceback" not in r.stderr
-    assert not os.path.exists(tmp_path / "x.json")
-    r = _run(f"--measurements={tmp_path / 'missing.json'}", "--fit_only")
-    assert r.returncode == 2 and "error: invalid --measurements=" in r.stderr
+    r = _run(f"--out={tmp_path / 'x.json'}", k + "step_time_s=0")
+    assert r.returncode == 2 and "error: invalid config.calibration.step_time_s=0" in r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "x.json")
+    r = _run(f"{k}measurements={tmp_path / 'missing.json'}", k + "fit_only=True")
+    assert r.returncode == 2 and "error: invalid config.calibration.measurements=" in r.stderr
+    r = _run(f"--out={tmp_path / 'x.json'}", k + "no_such=1")
+    assert r.returncode == 2 and "error: invalid config.calibration.no_such='1'" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
-    """--runs_from: the fit's runtime runs come from validate_runtime.py's results.json (two hosts among them),
-    are stored in place of the old ones, and fix the two-host stretch; a file without runs exits 2, unchanged."""
+    """config.calibration.runs_from: the fit's runtime runs come from validate_runtime.py's results.json (two hosts
+    among them), are stored in place of the old ones, and fix the two-host stretch; a file without runs exits 2,
+    unchanged."""
     def run(name, hosts, lph, b, net, tc, tu):
         return dict(name=name, hosts=hosts, learners_per_host=lph, sub_batch=b, measured=dict(
             network_time_s=net, t_compute_s=tc, t_compute_cv=0.3, t_update_s=tu, t_update_cv=0.4, images_per_s=1.0,
@@ -69,7 +75,9 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
                 allreduces=[dict(bytes=1e4, ranks=2, measured_s=5e-4), dict(bytes=1e6, ranks=2, measured_s=2e-3)])
     out, preset = tmp_path / "cal.json", tmp_path / "preset.json"
     out.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
-    r = _run(f"--measurements={out}", f"--out={preset}", "--fit_only", f"--runs_from={tmp_path / 'results.json'}")
+    k = "--config.calibration."
+    r = _run(f"{k}measurements={out}", f"--out={preset}", k + "fit_only=True",
+             f"{k}runs_from={tmp_path / 'results.json'}")
     assert r.returncode == 0, r.stderr[-3000:]
     data = {**json.loads(preset.read_text()), **json.loads(out.read_text())}
     stored = data["measurements"]["runs"]
@@ -79,6 +87,8 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
     before = out.read_text()
     for i, bad in enumerate(({"runs": []}, {"runs": [{k: v for k, v in results["runs"][0].items() if k != "hosts"}]})):
         (tmp_path / f"bad{i}.json").write_text(json.dumps(bad))
-        r = _run(f"--measurements={out}", f"--out={preset}", "--fit_only", f"--runs_from={tmp_path / f'bad{i}.json'}")
-        assert r.returncode == 2 and "error: invalid --runs_from=" in r.stderr and "Traceback" not in r.stderr
+        r = _run(f"{k}measurements={out}", f"--out={preset}", k + "fit_only=True",
+                 f"{k}runs_from={tmp_path / f'bad{i}.json'}")
+        assert r.returncode == 2 and "error: invalid config.calibration.runs_from=" in r.stderr
+        assert "Traceback" not in r.stderr
         assert out.read_text() == before

@@ -33,7 +33,7 @@ def test_cpu_preset_fitted_figures_name_their_command_and_file():
     with open(os.path.join(mc.DATA_DIR, "cpu.json")) as fh:
         data = json.load(fh)
     assert sorted(data["fitted"]) == sorted(fitted) and len(fitted) == 4
-    args = dict(a[2:].split("=", 1) for a in shlex.split(data["command"])[2:])
+    args = dict(a.removeprefix("--config.").removeprefix("--").split("=", 1) for a in shlex.split(data["command"])[2:])
     assert set(args["fit_fields"].split(",")) == set(fitted)  # the --fit_fields of the command
     # The command writes this very file, as this preset (name and description kept).
     assert args["out"] == "jaxsprint/perf/data/cpu.json" and args["name"] == args["base"] == m.name == data["name"]
@@ -91,7 +91,7 @@ def test_cpu_preset_is_the_fit_of_its_stored_measurements():
 
     with open(os.path.join(mc.DATA_DIR, "cpu.json")) as fh:
         data = json.load(fh)
-    args = dict(a[2:].split("=", 1) for a in shlex.split(data["command"])[2:])
+    args = dict(a.removeprefix("--config.").removeprefix("--").split("=", 1) for a in shlex.split(data["command"])[2:])
     assert args["holdout_batches"] == "" and args["loss"] == "soft_l1" and set(args) <= {
         "measurements", "base", "name", "out", "holdout_batches", "holdout_fraction", "holdout_seed", "loss",
         "loss_scale", "fit_fields", "fixed", "bounds"}  # nothing else moves the fit (seed, starts: defaults)

@@ -80,14 +80,14 @@ def test_no_shipped_fitted_figure_sits_on_a_bound():
 def test_no_fitted_figure_of_the_shipped_cpu_preset_sits_on_a_bound():
     """The same for the cpu preset (the fit of experiments/calibrate.py's command in its file): every fitted figure
     ended strictly inside the bounds of that command, with a relative standard error below 100% (determined to
-    within a factor of 2); the figures its small-CNN set cannot determine are fixed (--fixed), the reason as source."""
+    within a factor of 2); the figures its small-CNN set cannot determine are fixed (config.fixed), reason as source."""
     import shlex
 
     with open(os.path.join(mc.DATA_DIR, "cpu.json")) as fh:
         data = json.load(fh)
     m = mc.get("cpu")
     sources = dict(m.sources)
-    args = dict(a[2:].split("=", 1) for a in shlex.split(data["command"])[2:])
+    args = dict(a.removeprefix("--config.").removeprefix("--").split("=", 1) for a in shlex.split(data["command"])[2:])
     bounds = {f: tuple(map(float, r.split(":"))) for f, r in (b.split("=") for b in args["bounds"].split(","))}
     assert data["calibration"]["compute_fit"]["at_bound"] == [] and data["fitted"]
     assert set(data["rel_std_error"]) == set(data["fitted"]) == set(bounds)  # each fitted figure bounded

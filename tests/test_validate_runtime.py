@@ -1,5 +1,5 @@
 """experiments/validate_runtime.py: the --quick grid end to end (slow: real runs, two of them on two processes),
-and bad flags (exit 2, one line, nothing written)."""
+and bad config values (exit 2, one line, nothing written)."""
 import csv
 import json
 import os
@@ -36,15 +36,20 @@ def test_quick_grid_writes_the_tables_and_the_plot(tmp_path):
     assert len(rows) == 2 and "timings_minibatch_tv" in rows[0]
     assert "| timings | median" in (out / "summary.md").read_text()
     assert (out / "errors.png").stat().st_size > 0
+    written = json.loads((out / "config.json").read_text())  # the resolved config of the grid
+    assert written["validation"]["grid"] == "validation" and written["sprint"]["sub_batch"] > 0
 
 
 @pytest.mark.parametrize("args,message", [
     ([], "error: invalid --out=None"),
-    (["--only=nope"], "error: invalid --only='nope'"),
-    (["--min_gradients=0"], "error: invalid --min_gradients=0"),
-    (["--machine=nope"], "error: invalid machine='nope'"),
+    (["--config.validation.only=nope"], "error: invalid config.validation.only='nope'"),
+    (["--config.validation.min_gradients=0"], "error: invalid config.validation.min_gradients=0"),
+    (["--config.validation.machine=nope"], "error: invalid config.validation.machine='nope'"),
+    (["--config.validation.grid=all"], "error: invalid config.validation.grid='all'"),
+    (["--config.validation.no_such=1"], "error: invalid config.validation.no_such='1'"),
+    (["--min_gradients=0"], "error: invalid --min_gradients="),  # a setting of the config, not a flag
 ])
-def test_bad_flags_exit_2_with_one_line(tmp_path, args, message):
+def test_bad_config_values_exit_2_with_one_line(tmp_path, args, message):
     out = tmp_path / "vr"
     r = _run(*([f"--out={out}"] if args else []), "--quick", *args)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -85,8 +90,9 @@ def test_reanalyse_rewrites_the_tables_from_saved_logs(tmp_path):
 
 
 def test_the_calibration_grid_is_planned_apart_from_the_validation_grid(tmp_path):
-    """--grid=calibration plans 10 runs, 1 and 2 hosts, none of them a configuration of the validation grid (the
-    preset fitted to them predicts the validation grid out of sample); --only names that grid's runs."""
+    """validation.grid=calibration plans 10 runs, 1 and 2 hosts, none of them a configuration of the validation
+    grid (the preset fitted to them predicts the validation grid out of sample); validation.only names that
+    grid's runs."""
     def plan(*args):
         r = _run(f"--out={tmp_path / 'vr'}", "--dry_run", *args)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -95,9 +101,10 @@ def test_the_calibration_grid_is_planned_apart_from_the_validation_grid(tmp_path
         return {(int(w[2]), int(w[5].rstrip(",")), int(w[7].rstrip(",")), int(w[9])) for w in rows}, rows
 
     validation, _ = plan()
-    calibration, rows = plan("--grid=calibration")
+    calibration, rows = plan("--config.validation.grid=calibration")
     assert len(validation) == 20 and len(calibration) == 10 and not validation & calibration
     assert {h for h, _, _, _ in calibration} == {1, 2} and all(w[0].startswith("cal_") for w in rows)
-    r = _run(f"--out={tmp_path / 'vr'}", "--dry_run", "--grid=calibration", "--only=h1_l1_b8_n20")
+    r = _run(f"--out={tmp_path / 'vr'}", "--dry_run", "--config.validation.grid=calibration",
+             "--config.validation.only=h1_l1_b8_n20")
     assert r.returncode == 2 and "names of the calibration grid" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "vr").exists()

@@ -1,0 +1,37 @@
+r"""The runtime calibration of this machine (experiments/calibrate_runtime.py): the ``cpu_runtime`` preset's figures.
+
+The SPRINT config (``sprint.py``: network, data, optimizer) plus ``config.calibration``, what is measured and
+fitted. About 10 minutes on a quiet 2-core machine; refitting stored measurements (``fit_only``) a minute:
+
+  python experiments/calibrate_runtime.py --config=experiments/configs/calibrate_runtime.py --out=PRESET.json
+  python experiments/calibrate_runtime.py --config.calibration.fit_only=True --out=PRESET.json \
+      --config.calibration.runs_from=docs/runtime-calibration-runs/results.json
+
+The tuples also take comma-separated text on the command line (``--config.calibration.learners=1,2,4``).
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from experiments.configs import sprint
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sprint.get_config()
+    c.calibration = ml_collections.ConfigDict()
+    k = c.calibration
+    k.measurements = "docs/runtime-calibration.json"  # measurements (JSON): written when measuring, read by fit_only
+    k.fit_only = False              # refit the measurements stored in `measurements`; measure nothing
+    k.runs_from = config_dict.placeholder(str)  # validate_runtime.py results.json whose runs are the fit's runs
+    # 1. One learner's gradient step.
+    k.sub_batches = (8, 16, 32, 64, 128)  # single-learner sub-batches
+    k.rounds = 3                    # interleaved rounds of the single-learner timing
+    k.step_time_s = 1.0             # seconds of each sub-batch's steps per round (and of its cores measurement)
+    # 2. Runtime runs (one host), unless runs_from gives them.
+    k.learners = (1, 2, 4, 8)       # learner counts of the runtime runs
+    k.network_times = (0.0, 0.02)   # emulated network times of the runs (s)
+    k.run_sub_batch = 32            # sub-batch of the runtime runs
+    k.duration_s = 8.0              # length of each runtime run (s)
+    k.warmup_s = 2.0                # start-up transient left out of each run (s)
+    # 3. All-reduces.
+    k.allreduce = True              # time all-reduces over 2 processes (gloo)
+    return c

@@ -1,0 +1,36 @@
+r"""The SPRINT model judged against the runtime over a grid (experiments/validate_runtime.py).
+
+The SPRINT config of every run (``sprint.py``; its ``--config.<field>`` overrides reach every run) plus
+``config.validation``, the grid and the predictions. The validation grid takes about 30-40 minutes on a quiet
+2-core machine, the calibration grid about 12:
+
+  python experiments/validate_runtime.py --config=experiments/configs/validate_runtime.py \
+      --out=runs/validate_runtime
+  python experiments/validate_runtime.py --config.validation.grid=calibration --out=docs/runtime-calibration-runs
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from experiments.configs import sprint
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sprint.get_config()
+    c.validation = ml_collections.ConfigDict()
+    v = c.validation
+    # validation: the 20 configurations the model is judged on; calibration: 10 others, whose runs
+    # calibrate_runtime.py (calibration.runs_from) fits the preset to, so that it never sees the validation grid.
+    v.grid = "validation"
+    v.only = ()                     # run only these configurations of the grid (names); empty: all
+    # The length of each run: enough gradients and updates after the warm-up (from the specs estimate).
+    v.min_gradients = 2000          # gradients after the warm-up each run needs
+    v.min_updates = 500             # updates after the warm-up each run needs
+    v.warmup_s = 2.0                # warm-up cut of every run (config.sprint.warmup_s of the runs)
+    v.max_duration_s = 180.0        # longest run (s)
+    v.run_timeout_s = 900.0         # stop a run's processes after this long (s)
+    v.updater_device = "own"        # config.sprint.updater_device of every run; own: one device more, the updater's
+    # The predictions.
+    v.machine = "cpu_runtime"       # machine preset of the specs prediction and of the durations
+    v.machine_file = config_dict.placeholder(str)  # a preset file instead of machine
+    v.specs = "loo"                 # loo: each run from the preset refitted to the OTHER runs; preset: as it is
+    return c
