@@ -1,6 +1,6 @@
-"""experiments/calibrate_runtime.py: --fit_only on stored measurements (a synthetic set) writes the preset (the fit,
-every figure of the machine and its host, their sources and standard errors); bad config values exit 2 before
-anything is measured."""
+"""experiments/calibrate_runtime.py: calibration.fit_only on stored measurements (a synthetic set) writes the
+preset (the fit, every figure of the machine and its host, their sources and standard errors); bad config values
+exit 2 before anything is measured."""
 import json
 import os
 import subprocess

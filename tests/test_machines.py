@@ -34,7 +34,7 @@ def test_cpu_preset_fitted_figures_name_their_command_and_file():
         data = json.load(fh)
     assert sorted(data["fitted"]) == sorted(fitted) and len(fitted) == 4
     args = dict(a.removeprefix("--config.").removeprefix("--").split("=", 1) for a in shlex.split(data["command"])[2:])
-    assert set(args["fit_fields"].split(",")) == set(fitted)  # the --fit_fields of the command
+    assert set(args["fit_fields"].split(",")) == set(fitted)  # the config.fit_fields of the command
     # The command writes this very file, as this preset (name and description kept).
     assert args["out"] == "jaxsprint/perf/data/cpu.json" and args["name"] == args["base"] == m.name == data["name"]
     assert os.path.exists(os.path.join(ROOT, args["measurements"]))
