@@ -1,40 +1,23 @@
-r"""Calibration of the runtime figures of a machine: learners sharing cores, the updater's own cost, jitter.
+r"""The runtime host's figures fitted to measured runs: learners sharing cores, the updater's cost, jitter.
 
-The measurements come in as data (``jaxsprint.calibration.timing`` and ``experiments/calibrate_runtime.py`` take them on
-the machine at hand): one learner's gradient step at a few sub-batches, a few runs of
-:mod:`jaxsprint.runtime` (their measured cycle means and cvs, :class:`RuntimeRun`) and all-reduces between
-processes. :func:`fit_all` fits, in three stages, the machine's and the host's figures of the runtime model of
+The measurements come in as data (``experiments/calibrate_runtime.py`` takes them): one learner's gradient
+step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle means and cvs,
+:class:`RuntimeRun`) and all-reduces between processes. :func:`fit_all` fits, in three stages, the figures of
 :func:`jaxsprint.calibration.host.runtime_times`:
 
-1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the single-learner steps, no optimiser passes):
-   ``efficiency_fwd`` (the backward passes tied to it), ``half_efficiency_batch`` and ``step_overhead_s``.
-   A step's time is the MEAN of its samples (:func:`gradient_step_seconds`): a learner's mean cycle is made of
-   all its steps, slow ones included, and on a shared machine the mean of a lone step's samples lies well
-   above their median (this project's 2 cores, sub-batch 128: 37.7 ms against 28.9). The cores a lone step
-   keeps busy (``step_cores``: process CPU time over wall time, :func:`jaxsprint.calibration.timing.measure_gradient_cores`)
-   start ``learner_step_cores``, which stage 3 fits: what a step takes of cores that other learners keep busy
-   is not what it takes alone (on an AVX2 CPU a lone step kept 1.3 cores busy at every sub-batch, yet eight
-   learners at sub-batch 8 shared two cores as if each took one; docs/sprint-runtime.md).
-2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and
-   ``network_bandwidth_bytes_per_s``, with ``updater_overhead_s`` held at 0 during this fit, so that the
-   collective's own dispatch lands in the network figures and the updater's overhead (stage 3) is the rest
-   of its cycle.
-3. **Sharing and the updater** (:func:`fit_runtime`): the figures of :data:`RUNTIME_FIELDS` (the learners'
-   host work and the cores a step takes on busy cores; the updater's overhead, its cost per learner and per
-   applied update, the units it takes while busy, its stretch on co-located hosts and its queue) by least
-   squares on the log-errors of both cycle means of every run,
+1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the lone steps): ``efficiency_fwd`` (the
+   backward passes tied to it) and ``half_efficiency_batch``, on each step's MEAN time (a learner's mean cycle
+   is made of all its steps, slow ones included); the cores a lone step keeps busy start
+   ``learner_step_cores``.
+2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and ``network_bandwidth_bytes_per_s``.
+3. **Sharing and the updater** (:func:`fit_runtime`): the host figures of :data:`RUNTIME_FIELDS`, by least
+   squares on the log-errors of both cycle means (``T_c``, ``T_u``) of every run, in log parameters inside
+   bounds, by :func:`jaxsprint.perf.fit.least_squares` from two starts; then the jitter (``learner_cv``,
+   ``updater_cv``) as medians of the measured cvs.
 
-   .. math::
-       \min_\theta \sum_{runs} \big(\log \hat T_c(\theta) - \log T_c\big)^2
-                   + \big(\log \hat T_u(\theta) - \log T_u\big)^2,
-
-   in log parameters inside bounds, by :func:`jaxsprint.perf.fit.least_squares` (trust-region reflective,
-   a JAX Jacobian), from two starts (the machine's figures and :data:`RUNTIME_START`), keeping the lower cost. Then the jitter: ``learner_cv`` is the median
-   measured cv of ``T_c``; ``updater_cv`` the median of ``cv(T_u) T_u / own``, the cv of the updater's own
-   work when the network part of its cycle is steady (the form :func:`~jaxsprint.calibration.host.runtime_times`
-   predicts with).
-
-Pure jnp and numpy, like the rest of :mod:`jaxsprint.perf`.
+Figures the calibration runs cannot determine are held fixed (:data:`FIXED`, each with its reason) instead
+of fitted; every fitted figure is reported with its relative standard error. The stages' details and the
+measured figures behind them: ``docs/sprint-runtime.md`` and ``docs/fitting.md``.
 """
 from __future__ import annotations
 

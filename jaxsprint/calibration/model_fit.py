@@ -1,41 +1,24 @@
-r"""Calibration of a machine's figures to measured timings, by least squares on log-error.
+r"""The SPRINT model's machine figures fitted to measured train-step and all-reduce times.
 
-A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a
-sub-batch, the measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks,
-seconds). :func:`fit` adjusts chosen fields ``theta_k`` of a :class:`~jaxsprint.perf.machines.Machine`
-to minimise the mean log-error loss
+A measurement table holds train-step times (:class:`StepTiming`: a network's cost table, a sub-batch, the
+measured seconds) and all-reduce times (:class:`AllreduceTiming`: bytes, ranks, seconds). :func:`fit` adjusts
+chosen fields of a :class:`~jaxsprint.perf.machines.Machine` to minimise the mean log-error loss
 
 .. math::
     \mathcal{L}(\theta) = \sum_{kind} \frac{1}{|kind|} \sum_{i \in kind}
         \rho\big(\log \hat t_i(\theta) - \log t_i\big),
 
-each kind (steps, all-reduces) weighted equally, with ``rho(r) = r^2`` (``loss="squared"``) or the
-robust ``rho(r) = 2 s^2 (sqrt(1 + (r / s)^2) - 1)`` (``loss="soft_l1"``, scale ``s``: quadratic for
-``|r| << s``, linear beyond, so a few run-to-run outliers pull less; the same form as
-``scipy.optimize.least_squares(loss="soft_l1", f_scale=s)``). :func:`jaxsprint.perf.fit.least_squares`
-solves it in ``log theta`` inside the bounds (a JAX Jacobian), from several starts (the machine's own
-values and random points in the box), keeping the best.
-The model of a step is :func:`step_time_s` (:func:`jaxsprint.perf.times.device_step_time_s` plus
-the optimiser's passes over the parameters); of an all-reduce, :func:`allreduce_time_s`
-(:func:`jaxsprint.perf.collectives.allreduce_time_s` plus ``updater_overhead_s``, the fixed
-cost of one collective call, which ``T_u`` also carries once per updater cycle).
+each kind weighted equally, ``rho`` squared or ``soft_l1`` (robust to a few run-to-run outliers), solved in
+``log theta`` inside the bounds by :func:`jaxsprint.perf.fit.least_squares` from several starts. A step is
+:func:`step_time_s` (the device step plus the optimiser's passes over the parameters); an all-reduce
+:func:`allreduce_time_s` (the alpha-beta form plus ``updater_overhead_s``).
 
-**Fit error.** Besides the residuals, each fitted figure gets a relative standard error from
-the Gauss-Newton approximation at the optimum: with ``J = d residual / d log theta``,
-``s^2 = sum r^2 / (n - k)`` and ``Cov(log theta) ~ s^2 (J^T J)^{-1}`` (Seber and Wild,
-*Nonlinear Regression*, 1989, sec. 2.1; for ``soft_l1`` the same squared-loss approximation at the
-robust optimum). A figure at a bound, or one the data cannot see (``J`` column near zero), is flagged.
-
-**Held-out checks.** :func:`holdout_split` draws a random held-out share; :func:`leave_one_group_out`
-refits once per group (e.g. per network) and predicts the group left out; :func:`error_stats`
-summarises relative errors.
-
-**Jitter.** :func:`estimate_cv` gives the coefficient of variation of repeated step times (a
-robust one: ``1.4826 MAD / median``), the ``cv`` of the model's compute-time distribution.
-
-**Measurements** come in as data (:class:`StepTiming`, :class:`AllreduceTiming`); timing this machine
-is :mod:`jaxsprint.calibration.timing`'s job, outside this package, and reading measurement and preset files is
-:mod:`jaxsprint.perf.presets`'.
+Each fitted figure gets a relative standard error from the Gauss-Newton covariance at the optimum; a figure
+at a bound or one the data cannot see is flagged (and should be held fixed instead). :func:`holdout_split`
+and :func:`leave_one_group_out` give held-out checks, :func:`error_stats` summarises relative errors,
+:func:`estimate_cv` the robust cv of repeated step times. Timing this machine is
+:mod:`jaxsprint.calibration.timing`; reading measurement files :mod:`jaxsprint.calibration.measurements`.
+The loss, the error formulas and the references: ``docs/fitting.md``.
 """
 from __future__ import annotations
 

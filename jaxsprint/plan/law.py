@@ -1,54 +1,29 @@
-r"""Time to accuracy: candidates, a fitted convergence law, and the configuration that reaches a target soonest.
+r"""The updates-to-target law ``U(B, tau)``, its fit with uncertainty, and the configuration it picks.
 
-SPRINT's rule picks the fastest configuration whose mean mini-batch nearly meets a target, a proxy for
-accuracy. At a fixed mean mini-batch every configuration has ``T_epoch E[B] = N_file T_u``, so that rule only
-trades the updater's cycle against learners and leaves staleness out. What a user wants is the configuration
-that reaches a target accuracy soonest:
+What a user wants is the configuration ``x = (nodes, learners per node, sub-batch)`` that reaches a target
+accuracy soonest, ``T_acc(x) = U(E[B](x), E[S](x)) T_u(x)``, with ``U`` the updater cycles to the target.
+SPRINT's own rule (the fastest configuration whose mean mini-batch meets a target) leaves staleness out.
+This module is pure jnp: the updates to target come in as data (emulated runs, :mod:`jaxsprint.plan.emulator`).
 
-.. math::
-    T_{acc}(x) = U\big(E[B](x), E[S](x)\big)\; T_u(x),
-
-with ``U`` the number of updates (updater cycles) to the target, a function of the mini-batch and the
-staleness the configuration ``x = (nodes, learners per node, sub-batch)`` produces. This module is pure jnp
-(nothing of the training stack): the updates to target come in as data (from emulated runs,
-:mod:`jaxsprint.plan.emulator`) and are summarised by a smooth law fitted with its uncertainty.
-
-**The law** (:func:`law_log_updates`). McCandlish et al. (2018) found that steps ``S`` and examples
-``E = S B`` to a target obey ``(S / S_min - 1)(E / E_min - 1) = 1``, i.e. ``S = S_min (1 + B_noise / B)``
-with the critical batch ``B_noise = E_min / S_min``. Staleness multiplies that by a factor that grows with the
-staleness and, because a larger batch is run at a larger learning rate, with the batch (asynchronous SGD is
-stable only while ``lr tau`` stays small, Zhang et al. 2016; Dai et al. 2019):
+**The law** (:func:`law_log_updates`): McCandlish et al.'s ``S = S_min (1 + B_noise / B)`` times a staleness
+factor that grows with the staleness and, through the learning rate, with the batch,
 
 .. math::
-    \log U(B, \tau) = \log S_{min} + \log\Big(1 + \frac{B_{noise}}{B}\Big)
-                      + a\, \tau^{p} \Big(\frac{B}{B_{ref}}\Big)^{\delta},
+    \log U(B, \tau) = \log S_{min} + \log(1 + B_{noise} / B) + a\, \tau^{p} (B / B_{ref})^{\delta},
 
-parameters ``theta = (log S_min, log(B_noise / B_ref), log a, log p, delta)``, ``tau`` the mean staleness
-(0 = synchronous) and ``B_ref`` a fixed scale (the geometric mean of the fitted batches). It is smooth and
-differentiable in ``(B, tau)`` and in ``theta``; the exponential staleness factor lets one law describe both
-mild staleness and the near-divergence seen at large ``lr tau``.
+``theta = (log S_min, log(B_noise / B_ref), log a, log p, delta)``, ``tau`` the mean staleness.
 
-**Fit** (:func:`fit_law`). Weighted least squares in ``log U`` (weights ``1 / (var_seeds + floor)``) with
-broad Gaussian priors on ``theta`` (so that a design without staleness or with few cells stays well posed),
-by :func:`jaxsprint.perf.fit.least_squares` (bounded trust region, JAX Jacobian) from several starts. Runs
-that never reached the target are censored at their length ``U_max``: they enter as one-sided residuals
-``min(0, log U(x) - log U_max)``. The covariance is the Laplace
-approximation ``C = s^2 (J^T J)^{-1}`` (``J`` including the prior rows, ``s^2`` the reduced chi-square when
-above 1); the band of a prediction is ``log U +- z sqrt(g^T C g + sigma_res^2)``, ``g = d log U / d theta``
-(the delta method). :func:`least_certain` ranks unrun candidates by ``g^T C g``: the next emulated runs go
-where the fit knows least.
+**Fit** (:func:`fit_law`): weighted least squares in ``log U`` with broad Gaussian priors on ``theta``, by
+:func:`jaxsprint.perf.fit.least_squares` from several starts; runs that never reached the target are censored
+at their length (one-sided residuals). The covariance is the Laplace approximation ``s^2 (J^T J)^-1``; a
+prediction's band comes from the delta method, and :func:`least_certain` ranks unrun candidates by it.
 
-**Choice** (:func:`plan_search`). ``log T_acc = log U + log T_u`` is minimised over the relaxed configuration
-with the search machinery of :mod:`jaxsprint.perf.search`: log-space variables in the box of the space,
-projected Adam on the augmented Lagrangian of the space's constraints (:func:`jaxsprint.perf.space.constraints`:
-the mini-batch band is the range of the fitted data, so the law is never extrapolated, plus the staleness limit
-and memory), random starts in one ``vmap``; the end points are rounded (every floor/ceil corner) and refined
-by hill climbing over a discrete neighbourhood with exact evaluations.
+**Choice** (:func:`plan_search`): ``log U + log T_u`` minimised over the relaxed configuration with the search
+machinery of :mod:`jaxsprint.perf.search` inside the fitted data's mini-batch range (never extrapolated),
+rounded and refined by hill climbing. Derivation and the details: ``docs/planning.md``.
 
 References:
   McCandlish, Kaplan, Amodei et al., "An empirical model of large-batch training", arXiv:1812.06162, 2018.
-  Qiao et al., "Pollux: co-adaptive cluster scheduling for goodput-optimized deep learning", OSDI 2021.
-  Hadjis et al., "Omnivore: an optimizer for multi-device deep learning on CPUs and GPUs", arXiv:1606.04487.
   Zhang et al., "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016.
   Dai et al., "Toward understanding the impact of staleness in distributed machine learning", ICLR 2019.
 """
