@@ -83,3 +83,41 @@ def test_the_model_and_the_law_import_nothing_of_training():
     outside = {m for m in loaded if not m.startswith("jaxsprint.perf")} - {
         "jaxsprint", "jaxsprint.errors", "jaxsprint.plan", "jaxsprint.plan.law"}
     assert not outside, outside
+
+
+def _targets(path: str, module: str, known: set[str]):
+    """The jaxsprint modules `module` imports (a name imported from a package is its submodule if one exists)."""
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known:
+                    yield a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                yield sub if sub in known else node.module
+
+
+def test_no_module_imports_itself_through_others():
+    # Also within a layer, and also through an import inside a function: no cycle is broken by a lazy import.
+    mods = dict((m, p) for p, m in _modules())
+    graph = {m: set(_targets(p, m, set(mods))) - {m} for m, p in mods.items()}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle.extend(stack[stack.index(t):] + [t])
+                return True
+            if t not in state and visit(t, stack + [t]):
+                return True
+        state[m] = 2
+        return False
+
+    for m in sorted(graph):
+        if m not in state and visit(m, [m]):
+            break
+    assert not cycle, " -> ".join(cycle)

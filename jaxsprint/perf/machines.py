@@ -16,7 +16,7 @@ file), and the same launcher measures and fits any machine it runs on.
 
 The datasheet presets are code (their figures are cited arithmetic: GB, Gbit, halved bidirectional totals);
 the fitted ones are data, JSON files in ``jaxsprint/perf/data/`` (:data:`DATA_DIR`) read by
-:func:`jaxsprint.perf.presets.load_preset`. The runtime's figures of a host (learners sharing cores, the
+:func:`from_preset` (any preset file: :func:`jaxsprint.perf.presets.load_preset`). The runtime's figures of a host (learners sharing cores, the
 updater's own costs, the cycles' jitter) are not a machine's: :class:`jaxsprint.calibration.host.HostFigures`.
 
 Every figure of every preset has an entry in ``sources``: a datasheet or paper, "assumed" with the
@@ -25,6 +25,7 @@ reasoning, "chosen" (a modelling decision), or the command that fitted it and th
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
@@ -299,11 +300,22 @@ def _dgx(gpu: str) -> Machine:
         **_GPU_EFFICIENCY)
 
 
-def _packaged(name: str) -> Machine:
-    """A preset shipped as data (``DATA_DIR/<name>.json``)."""
-    from jaxsprint.perf import presets  # the file reader (which builds machines with make_machine)
+def from_preset(data: dict[str, Any]) -> Machine:
+    """The machine of a preset file's JSON object (its ``name``, ``description``, ``figures``, ``sources``).
 
-    return presets.load_preset(os.path.join(DATA_DIR, f"{name}.json"))[0]
+    Raises:
+      ConfigError: a missing or invalid figure.
+    """
+    figures = dict(data["figures"])
+    figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
+    return make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
+                        {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
+
+
+def _packaged(name: str) -> Machine:
+    """A preset shipped as data (``DATA_DIR/<name>.json``, written by a calibration launcher)."""
+    with open(os.path.join(DATA_DIR, f"{name}.json")) as fh:
+        return from_preset(json.load(fh))
 
 
 PRESETS = {
@@ -353,4 +365,4 @@ def describe(machine: Machine) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DATA_DIR", "FIELDS", "Machine", "PRESETS", "describe", "get", "make_machine", "with_figures"]
+__all__ = ["DATA_DIR", "FIELDS", "Machine", "PRESETS", "describe", "from_preset", "get", "make_machine", "with_figures"]

@@ -63,11 +63,8 @@ def load_preset(path: str) -> tuple[Machine, dict[str, Any]]:
         raise DataError("machine_file", path, f"a {what}: a JSON object with format {PRESET_FORMAT!r}")
     if not isinstance(data.get("figures"), dict):
         raise DataError("machine_file", path, f"a {what} with a 'figures' object")
-    figures = dict(data["figures"])
-    figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
     try:
-        m = machines.make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
-                                  {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
+        m = machines.from_preset(data)
     except ConfigError as e:
         raise DataError("machine_file", path, f"a {what} with valid figures ({e})") from None
     return m, data

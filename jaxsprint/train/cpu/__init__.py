@@ -30,31 +30,13 @@ Launchers call :func:`configure_host_memory` first, before JAX runs anything.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable
 
 from jaxsprint.errors import ConfigError
+from jaxsprint.train.cpu.switch import ENV_VAR, MODES, env_mode
 
 __all__ = ["ENV_VAR", "MODES", "Acceleration", "acceleration", "configure_host_memory", "env_mode", "resolve",
            "validate_config"]
-
-MODES = ("auto", "off", "require")
-ENV_VAR = "JAXSPRINT_CPU_KERNELS"
-
-
-def env_mode() -> str | None:
-    """The mode ``JAXSPRINT_CPU_KERNELS`` asks for; None when it is unset or empty.
-
-    Raises:
-      ConfigError: the variable holds a value not in `MODES`.
-    """
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if not value:
-        return None
-    if value not in MODES:
-        raise ConfigError(ENV_VAR, value, f"allowed: {', '.join(MODES)}")
-    return value
-
 
 def resolve(mode: str, field: str = "config.cpu_kernels") -> str:
     """The effective mode: `mode` itself, except that "auto" defers to ``JAXSPRINT_CPU_KERNELS`` when set.

@@ -42,6 +42,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxsprint.train.cpu import switch
+
 __all__ = ["affine_act", "available", "channel_moments", "channel_products", "channel_stats_supported", "conv",
            "conv_supported", "filter_grad", "supported", "unavailable_reason", "winograd_supported"]
 
@@ -136,10 +138,9 @@ def _load() -> bool:
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])
-        from jaxsprint.train import cpu
 
-        if cpu.env_mode() == "off":
-            _state.update(ok=False, reason=f"disabled by {cpu.ENV_VAR}=off")
+        if switch.env_mode() == "off":
+            _state.update(ok=False, reason=f"disabled by {switch.ENV_VAR}=off")
             return False
         try:
             lib = ctypes.cdll.LoadLibrary(_build())
