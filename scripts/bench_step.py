@@ -17,9 +17,6 @@ with 8).
 
   .venv/bin/python scripts/bench_step.py [--torch] [--rows=resnet20:128] [--cpu_kernels=off,auto] [--json=out.json]
 
-The older spelling ``--impls=xla,auto`` (xla = off, fast = require, auto = auto) still works and labels the
-rows with those names.
-
 Peak: 2 cores x 32 fp32 FLOP/cycle (two 256-bit FMA pipes x 8 lanes x 2) x 2.45 GHz = 157 GFLOP/s (--peak_gflops).
 The clock under load is higher than 2.45 GHz (single convolutions have run at 180 GFLOP/s here), so the true
 peak is too and "% peak" overstates the share.
@@ -39,13 +36,10 @@ from jaxsprint.errors import ConfigError, check
 
 ALL_ROWS = ["resnet20:32", "resnet20:128", "resnet20:512", "resnet50:32"]
 MODES = ("off", "auto", "require")
-LEGACY_IMPLS = {"xla": "off", "fast": "require", "auto": "auto"}  # the conv kinds of the former --impls flag
 
 _ROWS = flags.DEFINE_list("rows", ALL_ROWS, "model:batch rows, model in resnet20, resnet50.")
 _CPU_KERNELS = flags.DEFINE_list("cpu_kernels", ["off", "auto"], "Settings of the CPU acceleration switch to "
                                  "compare: off, auto, require.")
-_IMPLS = flags.DEFINE_list("impls", None, "Former name of --cpu_kernels, with the former values xla (= off), "
-                           "fast (= require), auto; rows keep these labels. Overrides --cpu_kernels.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "8"], "Device counts (one process each).")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed calls per round (median; halved for ResNet-50).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved timing rounds (median over rounds).")
@@ -57,11 +51,7 @@ _WORKER = flags.DEFINE_bool("worker", False, "Internal: run the rows in this pro
 
 
 def selected() -> list[tuple[str, str]]:
-    """(label, cpu_kernels mode) per configuration, from --impls (former names) or --cpu_kernels."""
-    if _IMPLS.value is not None:
-        for i in _IMPLS.value:
-            check(i in LEGACY_IMPLS, "--impls", i, f"allowed: {', '.join(LEGACY_IMPLS)}")
-        return [(i, LEGACY_IMPLS[i]) for i in _IMPLS.value]
+    """(label, cpu_kernels mode) per configuration, from --cpu_kernels."""
     for m in _CPU_KERNELS.value:
         check(m in MODES, "--cpu_kernels", m, f"allowed: {', '.join(MODES)}")
     return [(m, m) for m in _CPU_KERNELS.value]
@@ -171,8 +161,7 @@ def main(argv):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--rows={','.join(rows)}",
                f"--steps={_STEPS.value}", f"--rounds={_ROUNDS.value}", f"--dtype={_DTYPE.value}",
                f"--torch={_TORCH.value}"]
-        cmd.append(f"--impls={','.join(_IMPLS.value)}" if _IMPLS.value is not None
-                   else f"--cpu_kernels={','.join(_CPU_KERNELS.value)}")
+        cmd.append(f"--cpu_kernels={','.join(_CPU_KERNELS.value)}")
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode:
             raise ConfigError("--devices", n, f"the worker process failed:\n{r.stderr[-3000:]}")

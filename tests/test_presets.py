@@ -102,14 +102,15 @@ def test_no_fitted_figure_of_the_shipped_cpu_preset_sits_on_a_bound():
         assert float(getattr(m, f)) == v and sources[f].startswith("fixed at") and f not in data["rel_std_error"], f
 
 
-def test_presets_saved_before_the_small_batch_factor_still_load(tmp_path):
+def test_a_preset_missing_a_figure_is_refused_naming_the_figure(tmp_path):
     path = tmp_path / "old.json"
     presets.save_preset(str(path), mc.get("cpu"))
     data = json.loads(path.read_text())
     del data["figures"]["half_efficiency_batch"]
     path.write_text(json.dumps(data))
-    machine, _ = presets.load_preset(str(path))
-    assert float(machine.half_efficiency_batch) == 0.0
+    with pytest.raises(DataError, match="half_efficiency_batch") as e:
+        presets.load_preset(str(path))
+    assert e.value.field == "machine_file"
 
 
 def test_load_machine_takes_exactly_one_of_name_and_file(tmp_path):

@@ -307,7 +307,6 @@ def from_preset(data: dict[str, Any]) -> Machine:
       ConfigError: a missing or invalid figure.
     """
     figures = dict(data["figures"])
-    figures.setdefault("half_efficiency_batch", 0.0)  # presets saved before the figure existed: off
     return make_machine(str(data.get("name", "machine")), str(data.get("description", "")),
                         {str(k): str(v) for k, v in data.get("sources", {}).items()}, **figures)
 
