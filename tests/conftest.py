@@ -1,5 +1,5 @@
-"""Test setup: 8 fake CPU devices, set before JAX starts; XLA's backend optimisations off; no test may reach a
-real TFDS download; one XLA compilation cache shared by every process of a test run."""
+"""Test setup: 8 fake CPU devices, set before JAX starts; XLA's backend optimisations off in the fast set; no test
+may reach a real TFDS download; one XLA compilation cache shared by every process of a test run."""
 import os
 import shutil
 import tempfile
@@ -7,12 +7,6 @@ import tempfile
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags = (_flags + " --xla_force_host_platform_device_count=8").strip()
-# The suite's time is mostly XLA:CPU compiling small programs that then run a few steps: without the backend's
-# optimisation passes it compiles them about a quarter faster, and every test checks values and invariants (both
-# sides of each comparison compiled alike), never speed. XLA_FLAGS=--xla_backend_optimization_level=2 runs the
-# suite as programs are compiled in use (the whole suite passes both ways).
-if "xla_backend_optimization_level" not in _flags:
-    _flags += " --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = _flags
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # A directory that never holds data: a TFDS read outside mock_data fails fast instead of downloading.
@@ -84,6 +78,15 @@ def _stable_custom_partitioning_cache_keys() -> None:
 
 
 def pytest_configure(config):
+    # The fast set's time is mostly XLA:CPU compiling small programs that then run a few steps: without the
+    # backend's optimisation passes it compiles them about a quarter faster, and its tests check values and
+    # invariants (both sides of each comparison compiled alike), never speed. The slow set (end-to-end runs of
+    # the launchers, multi-process runs) keeps the level programs are compiled at in use, as does an explicit
+    # XLA_FLAGS=--xla_backend_optimization_level=N. Set here, before any test module imports JAX; the xdist
+    # workers and every launcher subprocess inherit it.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if config.getoption("markexpr", "") == "not slow" and "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = flags + " --xla_backend_optimization_level=0"
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         _stable_custom_partitioning_cache_keys()  # where tests run (an xdist controller runs none)
     config.addinivalue_line("markers", "devices(n): needs at least n JAX devices (the 8 fake CPU devices here; "

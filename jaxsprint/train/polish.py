@@ -183,12 +183,10 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
                 arrays = parallel.shard_batch({"image": images, "mask": mask}, mesh)
                 images, mask = arrays["image"], arrays["mask"]
             m = moments_fn({"params": params, "batch_stats": stats}, images, mask)
-            total = m if total is None else merge(total, m)
-        # Wait for the pass before the element-wise work below. With several CPU devices, eager operations on
-        # replicated arrays dispatched while the pass's all-reduces were still running deadlocked XLA:CPU's
-        # in-process collectives now and then (one device's program never reached the rendezvous; 2 of 6 test
-        # runs, the process aborted after 40 s).
-        total = jax.block_until_ready(total)
+            # One multi-device program in flight at a time: with several CPU devices, programs with all-reduces
+            # dispatched while earlier ones were still running deadlocked XLA:CPU's in-process collectives now
+            # and then (one device's program never reached the rendezvous), also across processes.
+            total = jax.block_until_ready(m if total is None else merge(total, m))
         new_stats = moments_to_batch_stats(total)
         change = max(jax.tree.leaves(jax.tree.map(
             lambda a, b: float(jnp.max(jnp.abs(a - b) / jnp.maximum(jnp.abs(b), 1e-12))), new_stats, stats)))
