@@ -166,6 +166,10 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
     merge = _jitted_merge()
     max_passes = num_passes if num_passes > 0 else len(jax.tree.leaves(stats)) // 2 + 1
     passes, change = 0, float("inf")
+    # On XLA:CPU, one multi-device program in flight at a time: programs with all-reduces dispatched while
+    # earlier ones were still running deadlocked its in-process collectives now and then (one device's program
+    # never reached the rendezvous), also across processes. Elsewhere the batches stay pipelined.
+    serial = jax.default_backend() == "cpu" and jax.device_count() > 1
     while passes < max_passes:
         total = None
         used = 0
@@ -183,10 +187,10 @@ def recompute_batch_stats(model, variables: Mapping[str, Any], batches: Iterable
                 arrays = parallel.shard_batch({"image": images, "mask": mask}, mesh)
                 images, mask = arrays["image"], arrays["mask"]
             m = moments_fn({"params": params, "batch_stats": stats}, images, mask)
-            # One multi-device program in flight at a time: with several CPU devices, programs with all-reduces
-            # dispatched while earlier ones were still running deadlocked XLA:CPU's in-process collectives now
-            # and then (one device's program never reached the rendezvous), also across processes.
-            total = jax.block_until_ready(m if total is None else merge(total, m))
+            total = m if total is None else merge(total, m)
+            if serial:
+                total = jax.block_until_ready(total)
+        total = jax.block_until_ready(total)
         new_stats = moments_to_batch_stats(total)
         change = max(jax.tree.leaves(jax.tree.map(
             lambda a, b: float(jnp.max(jnp.abs(a - b) / jnp.maximum(jnp.abs(b), 1e-12))), new_stats, stats)))
