@@ -86,7 +86,7 @@ class TfdsSource:
             image = image[..., None]
         if self._load_size is None or image.shape[:2] == (self._load_size, self._load_size):
             return image
-        from PIL import Image  # pillow ships with tensorflow-datasets' dependencies
+        from PIL import Image
 
         h, w = image.shape[:2]
         s = self._load_size / min(h, w)
@@ -239,6 +239,14 @@ def _private_tempdir():
             tempfile.tempdir = old
 
 
+def _require_tfds(name: str) -> None:
+    """ConfigError naming the extra when tensorflow-datasets (needed for every dataset but the built-in ones)
+    is not installed."""
+    if importlib.util.find_spec("tensorflow_datasets") is None:
+        raise ConfigError("config.dataset", name, f"one of {', '.join(BUILTIN)}, or a TFDS dataset with "
+                          "tensorflow-datasets installed (pip install 'jaxsprint[tfds]')")
+
+
 def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: str = "train",
               test_split: str = "test", eval_crop_fraction: float = 0.875) -> Dataset:
     """Opens a prepared TFDS dataset with ``tfds.data_source``; never downloads.
@@ -250,6 +258,7 @@ def load_tfds(name: str, data_dir: str | None, *, image_size: int, train_split: 
     if not data_dir:
         raise ConfigError("config.data_dir", data_dir,
                           f"a directory holding the prepared TFDS dataset {name!r} is required")
+    _require_tfds(name)
     import tensorflow_datasets as tfds
 
     try:
@@ -311,6 +320,7 @@ def validate_config(config) -> None:
     if name not in BUILTIN:
         check(bool(data_dir), "config.data_dir", data_dir,
               f"a directory holding the prepared TFDS dataset {name!r} is required")
+        _require_tfds(name)
     for field in ("train_split", "test_split"):
         split = config[field]
         check(isinstance(split, str) and bool(split), f"config.{field}", split,
