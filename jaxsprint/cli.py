@@ -19,10 +19,12 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Callable, Sequence
 
 from absl import app, flags
 
+from jaxsprint import paths
 from jaxsprint.errors import ConfigError, JaxsprintError
 
 __all__ = ["as_config_fields", "check_output_dir", "check_output_file", "config_beside_outputs",
@@ -188,7 +190,8 @@ def _first_existing(path: str) -> str:
 
 
 def check_output_dir(field: str, path: str) -> None:
-    """Checks, without creating anything, that `path` is a writable directory or can be created as one.
+    """Checks, leaving nothing behind, that `path` is a directory that exists or can be created (a local path
+    or `file://` URI; a remote URI is left to orbax).
 
     Raises:
       ConfigError: named `field`: an empty path, a path that is a file, or one below a file or below a
@@ -197,13 +200,20 @@ def check_output_dir(field: str, path: str) -> None:
     allowed = "a directory that exists or can be created"
     if not path:
         raise ConfigError(field, path, allowed)
-    if os.path.exists(path) and not os.path.isdir(path):
+    if paths.is_uri(path) and not str(path).startswith("file://"):
+        return  # a remote filesystem (gs://...): orbax and epath report what fails there
+    local = os.fspath(paths.as_path(path))
+    if os.path.exists(local) and not os.path.isdir(local):
         raise ConfigError(field, path, f"{allowed} (it is a file)")
-    base = _first_existing(path)
+    base = _first_existing(local)
     if not os.path.isdir(base):
         raise ConfigError(field, path, f"{allowed} ({base} is a file)")
     if not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(field, path, f"{allowed} ({base} is not writable)")
+    try:  # permission bits do not tell everything (/proc, a read-only mount): try, and leave nothing behind
+        os.rmdir(tempfile.mkdtemp(prefix=".jaxsprint-write-check-", dir=base))
+    except OSError as e:
+        raise ConfigError(field, path, f"{allowed} (nothing can be created in {base}: {e.strerror})") from None
 
 
 def check_output_file(field: str, path: str) -> None:
@@ -213,14 +223,17 @@ def check_output_file(field: str, path: str) -> None:
     Raises:
       ConfigError: named `field`, as :func:`check_output_dir` for the directory, or `path` is a directory.
     """
-    if not path or os.path.isdir(path):
+    if not path or (not paths.is_uri(path) and os.path.isdir(path)):
         raise ConfigError(field, path, "the path of a file to write (not a directory)")
+    if paths.is_uri(path) and not str(path).startswith("file://"):
+        return
+    local = os.fspath(paths.as_path(path))
     try:
-        check_output_dir(field, os.path.dirname(os.path.abspath(path)))
+        check_output_dir(field, os.path.dirname(local))
     except ConfigError as e:
         why = e.allowed.partition(" (")[2].rstrip(")") or "its directory cannot be created"
         raise ConfigError(field, path, f"a file whose directory exists or can be created ({why})") from None
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    if os.path.exists(local) and not os.access(local, os.W_OK):
         raise ConfigError(field, path, "a file that can be written (it is read-only)")
 
 

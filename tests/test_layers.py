@@ -1,6 +1,6 @@
 """The package's layering: every import, at module level or inside a function, points down the layers.
 
-    plumbing (errors, cli, subprocs) < perf < emulation < train < runtime < calibration < plan
+    plumbing (errors, cli, subprocs, paths, cluster) < perf < emulation < train < runtime < calibration < plan
 
 The SPRINT model (``perf``) and the law (``plan.law``) load nothing of training when imported.
 """
@@ -13,7 +13,7 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "jaxsprint")
 LAYERS = ("plumbing", "perf", "emulation", "train", "runtime", "calibration", "plan")
-PLUMBING = {"errors", "cli", "subprocs", "__init__"}
+PLUMBING = {"errors", "cli", "subprocs", "paths", "cluster", "__init__"}
 
 
 def _layer(module: str) -> str:
