@@ -33,6 +33,7 @@ H200_SXM_DENSE_BF16_FLOPS = 989.5e12  # NVIDIA H200 datasheet: 1,979 TFLOPS BF16
 _MODEL = flags.DEFINE_string("model", "resnet50", "Network of jaxsprint.train.models.")
 _BATCH = flags.DEFINE_integer("batch", 256, "Batch size (one device).")
 _IMAGE = flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
+_CHANNELS = flags.DEFINE_integer("channels", 3, "Image channels (1 for the grey digits of the SPRINT config).")
 _CLASSES = flags.DEFINE_integer("num_classes", 1000, "Logits.")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype (parameters stay f32).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
@@ -43,7 +44,7 @@ _JSON = flags.DEFINE_string("json", None, "Write the figures here as JSON (they 
 
 
 def measure(*, model_name: str, batch: int, image_size: int, num_classes: int, dtype: str, warmup: int,
-            steps: int, rounds: int, peak_flops: float) -> dict:
+            steps: int, rounds: int, peak_flops: float, channels: int = 3) -> dict:
     """Builds, compiles and times the train step on the first device; returns the figures (see module doc)."""
     import jax
     import numpy as np
@@ -54,10 +55,10 @@ def measure(*, model_name: str, batch: int, image_size: int, num_classes: int, d
     device = jax.devices()[0]
     model = models.create_model(model_name, num_classes=num_classes, dtype=dtype)
     tx = optax.sgd(0.1, momentum=0.9)
-    shape = (1, image_size, image_size, 3)
+    shape = (1, image_size, image_size, channels)
     state = jax.jit(lambda k: trainer.create_train_state(k, model, tx, shape))(jax.random.key(0))
     rng = np.random.default_rng(0)
-    images = jax.device_put(rng.normal(size=(batch, image_size, image_size, 3)).astype(np.float32), device)
+    images = jax.device_put(rng.normal(size=(batch, image_size, image_size, channels)).astype(np.float32), device)
     labels = jax.device_put(rng.integers(0, num_classes, batch).astype(np.int32), device)
     weights = jax.device_put(np.ones(batch, np.float32), device)
     step = jax.jit(trainer.make_train_step(model=model, num_classes=num_classes), donate_argnums=0)
@@ -78,7 +79,8 @@ def measure(*, model_name: str, batch: int, image_size: int, num_classes: int, d
     step_s = statistics.median(rounds_s)
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     out = {
-        "model": model_name, "batch": batch, "image_size": image_size, "num_classes": num_classes, "dtype": dtype,
+        "model": model_name, "batch": batch, "image_size": image_size, "channels": channels,
+        "num_classes": num_classes, "dtype": dtype,
         "platform": device.platform, "device_kind": device.device_kind, "jax_version": jax.__version__,
         "warmup_steps": warmup, "timed_steps": steps * rounds, "rounds": rounds,
         "compile_s": compile_s, "step_s": step_s, "round_step_s": rounds_s, "images_per_s": batch / step_s,
@@ -94,8 +96,8 @@ def measure(*, model_name: str, batch: int, image_size: int, num_classes: int, d
 
 def main(argv):
     del argv
-    for name, flag in (("--batch", _BATCH), ("--image_size", _IMAGE), ("--num_classes", _CLASSES),
-                       ("--steps", _STEPS), ("--rounds", _ROUNDS)):
+    for name, flag in (("--batch", _BATCH), ("--image_size", _IMAGE), ("--channels", _CHANNELS),
+                       ("--num_classes", _CLASSES), ("--steps", _STEPS), ("--rounds", _ROUNDS)):
         check(flag.value >= 1, name, flag.value, "must be positive")
     check(_WARMUP.value >= 0, "--warmup", _WARMUP.value, "must be >= 0")
     check(_PEAK.value > 0, "--peak_flops", _PEAK.value, "must be positive (FLOP/s)")
@@ -104,7 +106,7 @@ def main(argv):
     check(_MODEL.value in models.MODELS, "--model", _MODEL.value, f"allowed: {', '.join(sorted(models.MODELS))}")
     out = measure(model_name=_MODEL.value, batch=_BATCH.value, image_size=_IMAGE.value, num_classes=_CLASSES.value,
                   dtype=_DTYPE.value, warmup=_WARMUP.value, steps=_STEPS.value, rounds=_ROUNDS.value,
-                  peak_flops=_PEAK.value)
+                  peak_flops=_PEAK.value, channels=_CHANNELS.value)
     mfu = f"{100 * out['mfu']:.1f}%" if out["mfu"] is not None else "n/a"
     flops = f"{out['flops_per_step'] / 1e12:.3g}" if out["flops_per_step"] else "n/a"
     print(benchlib.format_table(
