@@ -282,33 +282,39 @@ def as_config_fields(prefix: str = "config."):
 
 def write_config(directory: str, config, name: str = "config.json", **extra) -> str:
     """Writes the resolved `config` (an ml_collections ConfigDict), and any `extra` launcher settings under
-    ``"launcher"``, as JSON to ``directory/name``; returns the path. Every run keeps what produced it."""
-    os.makedirs(directory, exist_ok=True)
+    ``"launcher"``, as JSON to ``directory/name`` (a local path or a URI, through ``etils.epath``); returns
+    the path. Every run keeps what produced it. The file is replaced whole (written beside, then renamed), so
+    a process reading it meanwhile reads the old or the new config, never a part."""
+    folder = paths.as_path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
     data = json.loads(config.to_json_best_effort())
     if extra:
         data = {**data, "launcher": extra}
-    path = os.path.join(directory, name)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    return path
+    path, part = folder / name, folder / f".{name}.part"
+    part.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    part.replace(path)
+    return os.fspath(path)
 
 
 def _listing(directory: str) -> set[str]:
-    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    folder = paths.as_path(directory)
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
 @contextlib.contextmanager
 def config_beside_outputs(directory: str, config, name: str = "config.json", enabled: bool = True):
     """Writes the resolved `config` into `directory` when the body has written anything there (at the end of
-    the body, also when it raises): a run that is refused before it writes (bad data, a bad checkpoint) leaves
-    the directory as it was, and every run that wrote results has the config that produced them (a resumed
-    run, whose directory already had one, rewrites it)."""
+    the body, also when it raises after writing): a run that is refused before it writes (bad data, a bad
+    checkpoint, a resume with another config) leaves the directory as it was, and every run that wrote
+    results has the config that produced them (a resumed run, whose directory already had one, rewrites it
+    when it ends)."""
     before = _listing(directory) if enabled else set()
+    completed = False
     try:
         yield
+        completed = True
     finally:
-        if enabled and (_listing(directory) - before - {name} or name in before):
+        if enabled and (_listing(directory) - before - {name} or (completed and name in before)):
             write_config(directory, config, name=name)
 
 

@@ -104,5 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.checkpoint_every_epochs = 20.0
     c.keep_checkpoints = 2
     c.resume = "latest"             # "latest", or "latest_good": skip checkpoints that cannot be read
+    # Fields that may differ from the config.json of the run being resumed, e.g. "lr.base,num_epochs" (a
+    # group such as "lr" covers its fields); the others must match (jaxsprint/train/run_config.py).
+    c.resume_allow_changes = ()
+    c.profile_steps = ()            # a,b: jax.profiler trace of the updates a..b-1 (from 0) into WORKDIR/profile
     c.progress_bar = True
     return c

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 
+from jaxsprint import cli
 from jaxsprint.emulation import adapter
-from jaxsprint.train import checkpoint, cpu, memory, models, optim, parallel, polish
+from jaxsprint.train import checkpoint, cpu, memory, models, optim, parallel, polish, run_config
 from jaxsprint.train import data as data_lib
 from jaxsprint.errors import check, is_int, is_real
 
@@ -24,6 +25,7 @@ def validate_config(config, num_devices: int) -> None:
     polish.validate_config(config, num_devices)
     adapter.validate_config(config)
     checkpoint.validate_config(config)
+    run_config.validate_config(config)
     validate_loop_config(config)
     validate_combinations(config)
 
@@ -66,3 +68,27 @@ def validate_loop_config(config) -> None:
     check(is_int(config.keep_checkpoints) and config.keep_checkpoints >= 1, "config.keep_checkpoints",
           config.keep_checkpoints, "allowed: an integer >= 1")
     check(isinstance(config.progress_bar, bool), "config.progress_bar", config.progress_bar, "True or False")
+    steps = config.num_train_steps if is_int(config.num_train_steps) and config.num_train_steps > 0 else None
+    profile_range(config, steps)
+
+
+def profile_range(config, total_steps: int | None = None) -> tuple[int, int] | None:
+    """``config.profile_steps`` as ``(a, b)``: the updates a, a+1, ..., b-1 (counted from 0; the ones logged as
+    steps a+1..b) are traced by ``jax.profiler``; None when the field is absent or empty (no trace).
+
+    Raises:
+      ConfigError: not two integers 0 <= a < b, or b beyond `total_steps` (the run's updates, when known).
+    """
+    value = config.get("profile_steps", ())
+    items = cli.text_list("config.profile_steps", value)
+    if not items:
+        return None
+    allowed = ("two integers a,b with 0 <= a < b: the updates a..b-1 (counted from 0) are traced "
+               "(empty: no trace)")
+    whole = [v for v in items if is_int(v) or (isinstance(v, str) and v.lstrip("-").isdigit())]
+    check(len(items) == len(whole) == 2, "config.profile_steps", value, allowed)
+    a, b = (int(v) for v in whole)
+    check(0 <= a < b, "config.profile_steps", value, allowed)
+    if total_steps is not None:
+        check(b <= total_steps, "config.profile_steps", value, f"{allowed}, within the run's {total_steps} updates")
+    return a, b

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Callable
 
@@ -20,13 +19,14 @@ import optax
 from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxsprint import paths
 from jaxsprint.emulation import adapter
 from jaxsprint.train import checkpoint, cpu, metrics as metrics_lib, models, optim, parallel, pipeline
 from jaxsprint.train import data as data_lib
-from jaxsprint.train import polish
+from jaxsprint.train import polish, run_config
 from jaxsprint.emulation import staleness
 from jaxsprint.errors import CheckpointError, NonFiniteError
-from jaxsprint.train.settings import validate_config  # noqa: F401 (re-exported: train.validate_config)
+from jaxsprint.train.settings import profile_range, validate_config  # validate_config re-exported
 
 
 class TrainState(train_state.TrainState):
@@ -267,6 +267,7 @@ def build_experiment(config) -> Experiment:
     accel = cpu.acceleration(config.cpu_kernels)
     dataset = data_lib.load_dataset(config)
     hp = optim.derive_hparams(config, dataset.num_train)
+    profile_range(config, hp.total_steps)
     schedule = optim.make_schedule(config, hp)
     tx = optim.make_optimizer(config, schedule)
     delayed, minibatch = adapter.from_config(config)
@@ -318,84 +319,6 @@ def _checkpoint_extras(exp: Experiment, state: TrainState, polished_stats=None) 
             "polished": jax.make_array_from_callback((), rep, lambda index: flag[index])}
 
 
-class _Window:
-    """Metrics of the steps since the last log line: fetched together, checked for NaN/Inf, written."""
-
-    def __init__(self, exp: Experiment, writer: metrics_lib.MetricWriter, names: list[str]):
-        self.exp, self.writer, self.names = exp, writer, names
-        self.pending: list[tuple[int, dict]] = []
-        self.checked = 0  # pending entries whose guard has been checked
-        self.last: dict[str, float] = {}
-        self.hists: dict[str, np.ndarray] = {}
-        self.seconds, self.timed = 0.0, 0
-        self._t = None
-
-    def check(self) -> None:
-        """Raises NonFiniteError at the first pending step whose guard is not finite (a small fetch; call it
-        before a checkpoint so that none holds a state after a non-finite step)."""
-        new = self.pending[self.checked:]
-        for s, guard in jax.device_get([(s, m["guard"]) for s, m in new]):
-            bad = np.flatnonzero(~np.isfinite(guard))
-            if len(bad):
-                raise NonFiniteError(s, self.names[bad[0]], float(guard[bad[0]]))
-        self.checked = len(self.pending)
-
-    def flush(self) -> None:
-        self.check()
-        fetched, self.pending, self.checked = jax.device_get(self.pending), [], 0
-        for s, m in fetched:
-            del m["guard"]
-            for name, value in m.items():
-                if not np.isfinite(value):
-                    raise NonFiniteError(s, name, float(value))
-        a = self.exp.config.async_emulation
-        for key, metric, size in (("staleness_hist", "staleness", a.max_staleness + 1),
-                                  ("minibatch_hist", "minibatch_k", a.num_sub_batches + 1)):
-            if metric in fetched[0][1]:
-                self.hists[key] = metrics_lib.add_histogram(self.hists.get(key), [m[metric] for _, m in fetched],
-                                                            size)
-        now = time.time()
-        if self._t is not None:
-            self.seconds, self.timed = self.seconds + now - self._t, self.timed + len(fetched)
-        self._t = now
-        s, m = fetched[-1]
-        self.last = {f"train_{k}": float(v) for k, v in m.items()}
-        self.last["lr"] = float(self.exp.schedule(s - 1))
-        self.writer.write(s, self.last)
-        self.writer.write_histograms(s, self.hists)
-
-    def pause(self) -> None:
-        """Time from now on until the next flush is not step time (evaluation ran)."""
-        self._t = time.time()
-
-
-class _Progress:
-    """tqdm's bar on process 0 when ``config.progress_bar``; log lines go above it."""
-
-    def __init__(self, config, total: int, initial: int):
-        self.bar = None
-        if config.progress_bar and jax.process_index() == 0:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
-
-    def update(self, last: dict[str, float]) -> None:
-        if self.bar is not None:
-            if last:
-                self.bar.set_postfix(loss=f"{last['train_loss']:.3f}", acc=f"{last['train_accuracy']:.3f}",
-                                     refresh=False)
-            self.bar.update(1)
-
-    def say(self, msg: str) -> None:
-        if jax.process_index() == 0:
-            (self.bar.write if self.bar is not None else print)(msg)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
 def _say(msg: str) -> None:
     if jax.process_index() == 0:
         print(msg, flush=True)
@@ -404,8 +327,10 @@ def _say(msg: str) -> None:
 def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = None) -> dict[str, Any]:
     """Trains and evaluates as `config` says, writing metrics and checkpoints to `workdir`.
 
-    Resumes from the latest checkpoint in `workdir`. `stop_after_steps` ends the loop early (at that many
-    total updates, after checkpointing) to emulate an interruption; schedules are unaffected.
+    Resumes from the latest checkpoint in `workdir` when the workdir's config.json matches `config` in every
+    field that changes the trajectory (`jaxsprint.train.run_config`; else a ConfigError before anything is
+    written), and writes `config` as the run's config.json. `stop_after_steps` ends the loop early (at that
+    many total updates, after checkpointing) to emulate an interruption; schedules are unaffected.
 
     With ``config.polish.mode`` "no_augment_epochs" or "both", the last k epochs train on un-augmented
     images; with "recompute" or "both" the BatchNorm statistics are recomputed after the last step, and
@@ -417,15 +342,18 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     """
     t_start = time.time()
     exp = build_experiment(config)
-    hp = exp.hp
-    state = exp.init_state()
     mgr = checkpoint.manager(workdir, config.keep_checkpoints)
     writer = None
     try:
-        batches = exp.train_iterator()
-        # Before anything is written: a checkpoint that does not match or cannot be read stops the run here.
+        # Before anything is written: a config that differs from the resumed run's (beyond what
+        # config.resume_allow_changes allows) or a checkpoint that does not match or cannot be read stops here.
+        changes = run_config.resume_check(config, workdir) if mgr.latest_step() is not None else []
+        state, batches = exp.init_state(), exp.train_iterator()
         state, start_step, polished_stats = _resume(exp, mgr, state, batches)
+        if jax.process_index() == 0:
+            run_config.remember(workdir, config, start_step, changes)
         writer = metrics_lib.MetricWriter(workdir)
+        writer.write_hparams(metrics_lib.hparams(run_config.flatten(run_config.as_json(config))))
         summary, state, polished_stats = _loop(exp, workdir, mgr, writer, state, batches, start_step,
                                                polished_stats, stop_after_steps, t_start)
     finally:
@@ -441,16 +369,22 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
 def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches, start_step: int,
           polished_stats, stop_after_steps: int | None, t_start: float):
     config, hp = exp.config, exp.hp
-    window = _Window(exp, writer, guard_names(state))
+    a = config.async_emulation
+    window = metrics_lib.Window(writer, guard_names(state), schedule=exp.schedule, global_batch=hp.global_batch,
+                                hist_sizes={"staleness": ("staleness_hist", a.max_staleness + 1),
+                                            "minibatch_k": ("minibatch_hist", a.num_sub_batches + 1)})
+    trace = metrics_lib.Trace(profile_range(config), workdir)
     eval_every = every_steps(config.eval_every_epochs, hp.steps_per_epoch)
     ckpt_every = every_steps(config.checkpoint_every_epochs, hp.steps_per_epoch)
     end_step = hp.total_steps if stop_after_steps is None else min(stop_after_steps, hp.total_steps)
-    progress = _Progress(config, hp.total_steps, start_step)
+    progress = metrics_lib.Progress(config.progress_bar, hp.total_steps, start_step)
     last_eval: dict[str, float] = {}
     step = start_step
     try:
         for step, images, labels, weights, k in _step_inputs(exp, batches, start_step, end_step):
+            trace.before(step - 1, state)
             state, m = exp.train_step(state, images, labels, weights)
+            trace.after(step, state)
             window.pending.append((step, m if k is None else dict(m, minibatch_k=k)))
             if is_time(step, config.log_every_steps, end_step) or is_time(step, eval_every, end_step):
                 window.flush()
@@ -465,6 +399,7 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
                 checkpoint.save(mgr, step, state, _checkpoint_extras(exp, state), batches)
             progress.update(window.last)
     finally:
+        trace.stop(state)
         progress.close()
     if not last_eval:
         last_eval = _evaluate(exp, step, {"params": state.params, "batch_stats": state.batch_stats})
@@ -474,8 +409,7 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
     mgr.wait_until_finished()
     summary = _summary(exp, step, window, last_eval, polished_eval, polish_time, time.time() - t_start)
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        (paths.as_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary, state, polished_stats
 
 
@@ -572,7 +506,7 @@ def _check_finite(step: int, name: str, tree) -> None:
             raise NonFiniteError(step, f"{name}/{path}", float(np.asarray(leaf)[bad].ravel()[0]))
 
 
-def _summary(exp: Experiment, step: int, window: _Window, last_eval: dict, polished_eval: dict,
+def _summary(exp: Experiment, step: int, window: metrics_lib.Window, last_eval: dict, polished_eval: dict,
              polish_time: float, wall_time: float) -> dict[str, Any]:
     config, hp = exp.config, exp.hp
     step_time = window.seconds / window.timed if window.timed else float("nan")
