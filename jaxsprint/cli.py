@@ -210,10 +210,13 @@ def check_output_dir(field: str, path: str) -> None:
         raise ConfigError(field, path, f"{allowed} ({base} is a file)")
     if not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(field, path, f"{allowed} ({base} is not writable)")
+    times = os.stat(base)
     try:  # permission bits do not tell everything (/proc, a read-only mount): try, and leave nothing behind
         os.rmdir(tempfile.mkdtemp(prefix=".jaxsprint-write-check-", dir=base))
     except OSError as e:
         raise ConfigError(field, path, f"{allowed} (nothing can be created in {base}: {e.strerror})") from None
+    with contextlib.suppress(OSError):  # not even the directory's mtime (a refused run writes nothing)
+        os.utime(base, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 def check_output_file(field: str, path: str) -> None:
