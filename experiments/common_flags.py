@@ -4,8 +4,11 @@
 and read the values as ``common_flags.MACHINE.value`` (or ``flags.FLAGS.machine``). The launchers that run an
 experiment take their settings from an ml_collections config file instead (``--config.<field>``); these
 flags are for quick queries and for naming outputs. Nothing here imports JAX: run_sprint.py must not start
-JAX's backend before ``jax.distributed.initialize``.
+JAX's backend before ``jax.distributed.initialize``. The multi-process flags are defined by the launchers that
+need them (`define_cluster_flags`).
 """
+from typing import NamedTuple
+
 from absl import flags
 
 MACHINE = flags.DEFINE_string("machine", None, "Machine preset (jaxsprint.perf.machines.PRESETS, e.g. "
@@ -23,3 +26,31 @@ JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the ta
 PLOT = flags.DEFINE_string("plot", None, "Write a figure of the result to this file (predict.py: both pmfs next "
                            "to the simulator's histograms; search.py: the search on the epoch-time / mini-batch "
                            "plane; run_sprint.py: measured histograms over the model's pmfs, .png/.pdf/.svg).")
+
+
+class ClusterFlags(NamedTuple):
+    """The multi-process flags of the launchers that train or run (`define_cluster_flags`)."""
+
+    coordinator_address: flags.FlagHolder
+    num_processes: flags.FlagHolder
+    process_id: flags.FlagHolder
+
+    def values(self) -> dict:
+        """Keyword arguments of ``jaxsprint.cluster.initialize``."""
+        return {name: holder.value for name, holder in self._asdict().items()}
+
+
+def define_cluster_flags() -> ClusterFlags:
+    """Defines --coordinator_address, --num_processes and --process_id (experiments/train.py, polish.py and
+    run_sprint.py; a function, so that the query launchers importing this module do not get them).
+
+    Each may be left out where a launcher (srun, mpirun) or JAX's environment variables give it:
+    ``jaxsprint.cluster`` and docs/cluster.md say how the start-up is detected.
+    """
+    return ClusterFlags(
+        flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs; "
+                            "srun, mpirun and JAX_COORDINATOR_ADDRESS are detected without it)."),
+        flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs; default: from "
+                             "srun's or mpirun's environment)."),
+        flags.DEFINE_integer("process_id", None, "This process's index, 0..num_processes-1 (multi-process runs; "
+                             "default: from srun's or mpirun's environment)."))

@@ -3,8 +3,9 @@ r"""Trains and evaluates a model as an ml_collections config says.
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/train.py \
       --config=experiments/configs/default.py --workdir=/tmp/jaxsprint_demo [--config.batch_size=256 ...]
 
-Multi-host: under SLURM (more than one task) or with --coordinator_address/--num_processes/--process_id,
-jax.distributed.initialize() is called first. A bad flag or config value exits with status 2 and one message.
+Several processes (one per host, or per GPU): under srun or mpirun, or with --coordinator_address (and
+--num_processes/--process_id where no launcher gives them), `jaxsprint.cluster.initialize` joins them first
+(docs/cluster.md; scripts/jobs/). A bad flag or config value exits with status 2 and one message.
 The resolved config (the file's values with every override) is written to WORKDIR/config.json.
 """
 import os
@@ -15,23 +16,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the summary.")
-_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
-_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
-_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
+_CLUSTER = common_flags.define_cluster_flags()
 
 
 def check_flags() -> None:
     """The launcher's own flags (the config is `jaxsprint.train.settings`'): before anything starts or is written."""
-    for flag in (_NPROC, _PID):
-        if flag.value is not None and flag.value < (1 if flag is _NPROC else 0):
-            raise ConfigError(f"--{flag.name}", flag.value, "an integer >= 1" if flag is _NPROC else
-                              "an integer >= 0 (and below --num_processes)")
+    from jaxsprint import cluster
+
+    cluster.detect(os.environ, **_CLUSTER.values())  # the multi-process flags with the launcher's environment
     cli.check_output_dir("--workdir", _WORKDIR.value)
 
 
@@ -43,6 +42,7 @@ def main(argv):
     if not _WORKDIR.value:
         raise ConfigError("--workdir", _WORKDIR.value, "a directory is required")
     check_flags()
+    from jaxsprint import cluster
     from jaxsprint.train import cpu, metrics, parallel, settings, trainer
 
     config = _CONFIG.value
@@ -50,8 +50,7 @@ def main(argv):
     allocator = cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
     if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO
         logging.set_verbosity(logging.WARNING)
-    parallel.maybe_initialize_distributed(coordinator_address=_COORD.value, num_processes=_NPROC.value,
-                                          process_id=_PID.value)
+    cluster.initialize(**_CLUSTER.values())  # before JAX's backend starts; a no-op for one process
     # Every setting, and the estimated memory, before the data is read or the workdir is touched.
     settings.validate_run(config, parallel.make_mesh(config.num_devices).size)
     logging.info(allocator)

@@ -1,7 +1,7 @@
 """Multi-process training under jax.distributed on loopback equals the single-process run.
 
-Each case starts real processes (a small driver calling `trainer.train_and_evaluate`, gloo CPU collectives,
-a free 127.0.0.1 port), bounded by timeouts and killed (`jaxsprint.subprocs`). Process 0 writes the final
+Each case starts real processes (a small driver joined by `jaxsprint.cluster.initialize` with explicit
+flags, calling `trainer.train_and_evaluate`, gloo CPU collectives, a free 127.0.0.1 port), bounded by timeouts and killed (`jaxsprint.subprocs`). Process 0 writes the final
 parameters, BN statistics and optimizer state to an .npz; they are compared with a one-process run on as
 many devices (same config and seed). Resuming the two-process run from a checkpoint written by both
 processes ends in the same state.
@@ -26,11 +26,10 @@ args = json.loads(sys.argv[1])
 sys.path.insert(0, os.getcwd())
 import jax
 import numpy as np
-from jaxsprint.train import checkpoint, parallel, trainer
+from jaxsprint import cluster
+from jaxsprint.train import checkpoint, trainer
 from experiments.configs import testing
-if args["num_processes"] > 1:
-    parallel.maybe_initialize_distributed(coordinator_address=f"127.0.0.1:{args['port']}",
-                                          num_processes=args["num_processes"], process_id=args["process_id"])
+cluster.initialize(f"127.0.0.1:{args['port']}", args["num_processes"], args["process_id"], timeout_s=120)
 config = testing.get_config()
 for key, value in args["overrides"].items():
     node = config
@@ -55,10 +54,19 @@ import json, os, sys
 args = json.loads(sys.argv[1])
 sys.path.insert(0, os.getcwd())
 import jax, jax.numpy as jnp, numpy as np
+from jaxsprint import cluster
+from jaxsprint.errors import ConfigError
 from jaxsprint.train import checkpoint, data, parallel, pipeline
-parallel.maybe_initialize_distributed(coordinator_address=f"127.0.0.1:{args['port']}",
-                                      num_processes=args["num_processes"], process_id=args["process_id"])
+info = cluster.initialize(f"127.0.0.1:{args['port']}", args["num_processes"], args["process_id"], timeout_s=120)
+assert info == ("flags", 2, args["process_id"], f"127.0.0.1:{args['port']}"), info
+try:  # one device cannot be shared by two processes
+    parallel.make_mesh(1)
+except ConfigError as e:
+    assert e.field == "config.num_devices" and "multiple of the process count (2)" in str(e), e
+else:
+    raise AssertionError("a mesh of 1 device over 2 processes")
 mesh = parallel.make_mesh(-1)
+assert [d.process_index for d in mesh.devices] == [0, 1], mesh.devices
 rep = parallel.replicated(mesh)
 def state(scale):
     return jax.jit(lambda: {"w": scale * jnp.arange(6.0).reshape(2, 3), "step": jnp.asarray(7)},

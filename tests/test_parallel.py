@@ -1,7 +1,8 @@
-"""Mesh, BN group sizes, the checks of the parallel layout and the multi-process start-up decision."""
+"""Mesh, BN group sizes and the checks of the parallel layout (several processes: tests/test_multihost.py)."""
 
 import jax
 import pytest
+from jax.sharding import AxisType
 
 from config_util import CONFIG_MODULES, default_with
 from jaxsprint.train import parallel
@@ -10,10 +11,13 @@ from jaxsprint.errors import ConfigError
 
 @pytest.mark.devices(8)
 def test_mesh_uses_all_devices_or_a_prefix():
-    assert parallel.make_mesh(-1).size == jax.device_count() == 8
-    assert parallel.make_mesh(2).size == 2
-    with pytest.raises(ConfigError, match="config.num_devices"):
-        parallel.make_mesh(9)
+    mesh = parallel.make_mesh(-1)
+    assert mesh.size == jax.device_count() == 8 and list(mesh.devices) == jax.devices()
+    assert mesh.axis_types == (AxisType.Auto,)  # sharding propagation as with Mesh(devices, axes)
+    assert list(parallel.make_mesh(2).devices) == jax.devices()[:2]
+    for bad in (0, 9, 2.0, -2):
+        with pytest.raises(ConfigError, match=r"config.num_devices.*multiple of the process count \(1\) in 1..8"):
+            parallel.make_mesh(bad)
 
 
 def test_bn_group_sizes():
@@ -24,21 +28,6 @@ def test_bn_group_sizes():
         parallel.bn_group_size("group", micro_batch=256, num_devices=8, group_size=24)
     with pytest.raises(ConfigError, match="config.bn.reduction"):
         parallel.bn_group_size("sync", micro_batch=256, num_devices=8)
-
-
-def test_distributed_init_decision():
-    assert parallel.distributed_init_kwargs({}) is None
-    assert parallel.distributed_init_kwargs({"SLURM_NTASKS": "1"}) is None
-    assert parallel.distributed_init_kwargs({"SLURM_NTASKS": "4"}) == {}
-    assert parallel.distributed_init_kwargs({"JAX_COORDINATOR_ADDRESS": "h:1234"}) == {}
-    assert parallel.distributed_init_kwargs({}, coordinator_address="h:1", num_processes=2, process_id=1) == dict(
-        coordinator_address="h:1", num_processes=2, process_id=1)
-    with pytest.raises(ConfigError, match="process_id"):
-        parallel.distributed_init_kwargs({}, coordinator_address="h:1", num_processes=2, process_id=2)
-    with pytest.raises(ConfigError):
-        parallel.distributed_init_kwargs({}, coordinator_address="h:1")
-
-
 
 
 _with = default_with

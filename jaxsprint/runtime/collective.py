@@ -11,68 +11,17 @@ process's shard. ``psum`` only: ``psum_scatter`` over gloo returned wrong values
 ``psum`` in which every other host contributes zeros, because with 64-bit types disabled JAX would round
 float64 to float32.
 
-`initialize_distributed` starts ``jax.distributed`` with a bounded ``initialization_timeout``; a process other
-than 0 first probes the coordinator's port (bounded), so that an unreachable coordinator is a ConfigError
-within the timeout instead of a hang (or XLA's abort).
+The processes are joined by `jaxsprint.cluster.initialize` (which the launchers call) before JAX starts.
 """
 from __future__ import annotations
-
-import socket
-import time
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import check
 
 AXIS = "hosts"
-
-
-def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int, *,
-                           timeout_s: int = 60) -> None:
-    """``jax.distributed.initialize`` for a multi-process run, with gloo CPU collectives and a bounded start.
-
-    Raises:
-      ConfigError: bad arguments, or no coordinator answered within `timeout_s` seconds.
-    """
-    check(isinstance(num_processes, int) and num_processes >= 1, "num_processes", num_processes, "an integer >= 1")
-    check(isinstance(process_id, int) and 0 <= process_id < num_processes, "process_id", process_id,
-          f"an integer in [0, {num_processes})")
-    check(isinstance(timeout_s, int) and timeout_s >= 1, "timeout_s", timeout_s, "an integer >= 1 (seconds)")
-    if process_id != 0:
-        _wait_for_coordinator(coordinator_address, timeout_s)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=timeout_s)
-    except Exception as e:  # noqa: BLE001 (XLA raises several types; the message says what happened)
-        raise ConfigError("coordinator_address", coordinator_address,
-                          f"a jax.distributed coordinator reachable within {timeout_s} s "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-
-
-def _wait_for_coordinator(address: str, timeout_s: float) -> None:
-    """Waits until the coordinator's port accepts a connection, or raises ConfigError after `timeout_s`.
-
-    XLA's client does not raise when it cannot register: it terminates the process (a fatal log line) once
-    ``initialization_timeout`` passes. Probing the port first turns the common case, no coordinator at that
-    address, into a clear error. (A coordinator that answers while another process never joins still ends in
-    XLA's bounded abort after ``initialization_timeout``.)
-    """
-    host, _, port = str(address).rpartition(":")
-    check(bool(host) and port.isdigit(), "coordinator_address", address, "host:port")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=1.0):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise ConfigError("coordinator_address", address,
-                                  f"a jax.distributed coordinator reachable within {timeout_s} s (connecting "
-                                  f"failed: {e})") from None
-            time.sleep(0.2)
 
 
 class HostCollective:

@@ -1,16 +1,16 @@
-"""Data parallelism with jit + NamedSharding: the mesh, the shardings, BN reduction and multi-host start-up.
+"""Data parallelism with jit + NamedSharding: the mesh, the shardings and BN reduction.
 
 Batches are sharded along the mesh axis ``data`` (each device holds a contiguous block of the global batch),
-parameters, optimizer state and BN statistics are replicated. XLA inserts the gradient all-reduce.
+parameters, optimizer state and BN statistics are replicated. XLA inserts the gradient all-reduce. Several
+processes (joined by `jaxsprint.cluster.initialize`) each hold an equal share of the mesh's devices.
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxsprint.errors import ConfigError, check, is_int
 
@@ -19,13 +19,24 @@ BN_REDUCTIONS = ("global", "per_device", "group")
 
 
 def make_mesh(num_devices: int = -1) -> Mesh:
-    """A 1-D mesh over the first `num_devices` devices (-1: all, across every host)."""
-    available = jax.device_count()
-    n = available if num_devices in (-1, None) else int(num_devices)
-    if n < 1 or n > available:
-        raise ConfigError("config.num_devices", num_devices, f"allowed: -1 (all) or 1..{available}")
-    devices = np.asarray(jax.devices()[:n])
-    return Mesh(devices, (DATA_AXIS,))
+    """A 1-D mesh over `num_devices` global devices (-1: all), the same number from every process.
+
+    Process p's devices are the block p of the mesh (its first ``num_devices / process_count`` local devices),
+    so each host's slice of the global batch lands on its own devices (`shard_batch`).
+
+    Raises:
+      ConfigError: ``config.num_devices`` neither -1 nor a multiple of the process count in 1..device count.
+    """
+    available, hosts = jax.device_count(), jax.process_count()
+    n = available if num_devices in (-1, None) else num_devices
+    per_host = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                for p in range(hosts)]
+    most = min(len(devices) for devices in per_host) * hosts
+    if not is_int(n) or n < 1 or n > most or n % hosts:
+        raise ConfigError("config.num_devices", num_devices, f"-1 (all) or a multiple of the process count "
+                          f"({hosts}) in 1..{most}")
+    devices = [d for local in per_host for d in local[:n // hosts]]
+    return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=devices)
 
 
 def data_sharding(mesh: Mesh) -> NamedSharding:
@@ -101,36 +112,3 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     """Turns this host's slice of the global batch into global arrays sharded along ``data``."""
     sharding = data_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
-
-
-def distributed_init_kwargs(env: Mapping[str, str], *, coordinator_address: str | None = None,
-                            num_processes: int | None = None, process_id: int | None = None
-                            ) -> dict[str, Any] | None:
-    """Decides whether (and how) to call ``jax.distributed.initialize``.
-
-    Returns keyword arguments for it when the run is multi-process: explicit flags win; otherwise a SLURM job
-    with more than one task, or the JAX_COORDINATOR_ADDRESS variable, lets JAX auto-detect. None for a
-    single-process run.
-    """
-    if coordinator_address or (num_processes or 0) > 1:
-        if not coordinator_address or num_processes is None or process_id is None:
-            raise ConfigError("--coordinator_address/--num_processes/--process_id",
-                              (coordinator_address, num_processes, process_id),
-                              "give all three for an explicit multi-process run")
-        if not 0 <= process_id < num_processes:
-            raise ConfigError("--process_id", process_id, f"allowed: 0..{num_processes - 1}")
-        return dict(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
-    if int(env.get("SLURM_NTASKS", "1") or 1) > 1:
-        return {}
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        return {}
-    return None
-
-
-def maybe_initialize_distributed(**flags) -> bool:
-    """Calls ``jax.distributed.initialize`` for a multi-process run; returns whether it did."""
-    kwargs = distributed_init_kwargs(os.environ, **flags)
-    if kwargs is None:
-        return False
-    jax.distributed.initialize(**kwargs)
-    return True
