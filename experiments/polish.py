@@ -19,11 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
 from jaxsprint.errors import CheckpointError, ConfigError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's ml_collections config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's directory (with checkpoints/).")
+_CLUSTER = common_flags.define_cluster_flags()  # several processes: as experiments/train.py (jaxsprint.cluster)
 
 
 def main(argv):
@@ -46,6 +48,9 @@ def main(argv):
     cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
+    from jaxsprint import cluster
+
+    cluster.initialize(**_CLUSTER.values())  # before JAX's backend starts; a no-op for one process
     if not models.has_batchnorm(config.model):
         raise ConfigError("config.model", config.model, "a model with BatchNorm (polishing recomputes its "
                           "statistics)")

@@ -14,7 +14,8 @@ cost table). ``--json`` prints one JSON object instead of the table: ``measured`
 ``eval_accuracy``. ``--events=FILE`` analyses a saved log instead of running. A run writes its resolved config
 to ``workdir/config.json``.
 
-Multi-host: ``--coordinator_address/--num_processes/--process_id`` (or SLURM) as experiments/train.py; every
+Multi-host: under srun or mpirun, or with ``--coordinator_address/--num_processes/--process_id``, as
+experiments/train.py (``jaxsprint.cluster``); every
 process runs this with the same config, process 0 prints and writes. A bad flag or config value exits with
 status 2 and one message, before anything is written.
 """
@@ -34,9 +35,8 @@ from jaxsprint.errors import ConfigError, check  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections SPRINT config file "
                                           "(experiments/configs/sprint.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run: events.npz, summary.json, checkpoints.")
-_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
-_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
-_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
+_CLUSTER = common_flags.define_cluster_flags()  # --coordinator_address, --num_processes, --process_id
+_COORD, _NPROC, _PID = _CLUSTER
 # --plot, --json, --machine (cpu_runtime when neither it nor --machine_file is given), --machine_file.
 _PLOT, _JSON = common_flags.PLOT, common_flags.JSON
 _MACHINE, _MACHINE_FILE = common_flags.MACHINE, common_flags.MACHINE_FILE
@@ -72,20 +72,14 @@ def _check_flags() -> None:
 
 
 def _initialize_distributed(config) -> None:
-    from jaxsprint.train import parallel
-    from jaxsprint import runtime
+    """Joins the processes of a multi-process run (flags, srun, mpirun; `jaxsprint.cluster`), bounded by
+    ``config.sprint.init_timeout_s``; nothing for one process."""
+    from jaxsprint import cluster
+    from jaxsprint.errors import is_int
 
-    kwargs = parallel.distributed_init_kwargs(os.environ, coordinator_address=_COORD.value,
-                                              num_processes=_NPROC.value, process_id=_PID.value)
-    if kwargs is None:
-        return
-    if kwargs:
-        runtime.initialize_distributed(**kwargs, timeout_s=int(config.sprint.init_timeout_s))
-    else:  # SLURM or JAX_COORDINATOR_ADDRESS: JAX finds the rest
-        import jax
-
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize()
+    timeout_s = config.sprint.init_timeout_s
+    check(is_int(timeout_s) and timeout_s >= 1, "config.sprint.init_timeout_s", timeout_s, "an integer >= 1")
+    cluster.initialize(**_CLUSTER.values(), timeout_s=timeout_s)
 
 
 def _check_machine() -> None:
