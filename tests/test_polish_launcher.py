@@ -1,5 +1,6 @@
-"""experiments/polish.py end to end: polishes a real run's checkpoint, leaves the run's checkpoints alone, and
-refuses a work directory without one (exit 2, one line)."""
+"""experiments/polish.py end to end: polishes a real run's checkpoint (its workdir given as a file:// URI), leaves
+the run's checkpoints alone, and refuses a work directory without one (exit 2, one line). A SPRINT run's workdir:
+tests/test_polish_sprint.py."""
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ def test_polishes_the_latest_checkpoint_of_a_run(tmp_path):
     r = _launch("train.py", f"--workdir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     checkpoints = _tree(tmp_path / "checkpoints")
-    r = _launch("polish.py", f"--workdir={tmp_path}", "--config.polish.num_samples=200")
+    r = _launch("polish.py", f"--workdir=file://{tmp_path}", "--config.polish.num_samples=200")  # a URI too
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval top-1, polished statistics" in r.stdout
     result = json.loads((tmp_path / "polish.json").read_text())

@@ -18,8 +18,8 @@ What a run does, in order:
      version -1), so gradients computed = applied + in flight, exactly;
   6. gathers every host's gradient records and host 0's update times (bit-exact), evaluates the final
      weights (optionally after Final Polishing, ``polish.mode = "recompute"``), and process 0 writes
-     ``events.npz``, ``summary.json`` and an orbax checkpoint of the last weights (``checkpoints/<updates>``:
-     ``{"params", "batch_stats"}``).
+     ``events.npz``, ``summary.json`` and an orbax checkpoint of the last state (``checkpoints/<updates>``,
+     the trainer's layout: see `jaxsprint.train.checkpoint`, and docs/sprint-runtime.md, "Checkpoints").
 A thread that raises stops the run: the other threads are joined (bounded by ``sprint.join_timeout_s``) and
 the error is re-raised here.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -37,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jaxsprint.train import cpu, models, optim, pipeline, polish, trainer
+from jaxsprint import paths
+from jaxsprint.train import checkpoint, cpu, models, optim, pipeline, polish, trainer
 from jaxsprint.train import data as data_lib
 from jaxsprint.errors import ConfigError, check, is_int, is_real
 from jaxsprint.runtime import collective as collective_lib
@@ -255,17 +255,16 @@ def _events(config, updater: Updater, in_flight: list, col, num_hosts: int, data
     }
 
 
-def _save_checkpoint(workdir: str, step: int, variables, num_hosts: int) -> None:
-    import orbax.checkpoint as ocp
-
-    tree = jax.tree.map(np.asarray, {"params": variables["params"], "batch_stats": variables["batch_stats"]})
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=1, create=True,
-        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0, active_processes={0})
-        if num_hosts > 1 else ocp.options.MultiprocessingOptions())
-    with ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options) as mgr:
-        mgr.save(step, args=ocp.args.StandardSave(tree))
-        mgr.wait_until_finished()
+def _save_checkpoint(workdir, b: _Built, step: int, variables: dict, opt_state, polished) -> None:
+    """The last state as the trainer checkpoints it (`jaxsprint.train.checkpoint`): item ``train_state`` =
+    ``{"state": TrainState (step = updates, params, the updater's optimizer state, its running statistics),
+    "polished_batch_stats", "polished"}``, no iterator item; written by this process alone (every host holds
+    the same weights)."""
+    state = trainer.TrainState(step=np.asarray(step, np.int32), apply_fn=b.model.apply, params=variables["params"],
+                               tx=b.tx, opt_state=opt_state, batch_stats=variables["batch_stats"])
+    extra = {"polished_batch_stats": polished if polished is not None else variables["batch_stats"],
+             "polished": np.asarray(int(polished is not None), np.int32)}
+    checkpoint.save_from_this_process(workdir, step, state, extra)
 
 
 def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | None = None) -> RunResult:
@@ -368,11 +367,10 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
     updater.snapshots.clear()
     final_eval = _evaluate(config, b, variables, device)
     history.append((updater.version, final_eval))
-    polished = {}
+    polished, polished_stats = {}, None
     if config.polish.mode == "recompute" and stats_flat.size:
-        new_stats = _polish(config, b, variables)
-        variables = {"params": variables["params"], "batch_stats": new_stats}
-        polished = _evaluate(config, b, variables, device)
+        polished_stats = _polish(config, b, variables)
+        polished = _evaluate(config, b, {"params": variables["params"], "batch_stats": polished_stats}, device)
     gradients = int(events["grad_learner"].size)
     n_flight = int(np.sum(events["grad_applied_version"] < 0))
     result = RunResult(events=events, eval=final_eval, params_flat=params_flat, updates=updater.version,
@@ -381,8 +379,10 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
                        eval_polished=polished, eval_history=history, updater_device_id=int(device.id),
                        learner_device_ids=tuple(int(d.id) for d in placed))
     if host == 0:
-        os.makedirs(workdir, exist_ok=True)
-        np.savez(os.path.join(workdir, "events.npz"), **events)
+        out = paths.as_path(workdir)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "events.npz").open("wb") as f:
+            np.savez(f, **events)
         summary = {"updates": result.updates, "gradients": gradients, "in_flight": n_flight,
                    "wall_s": result.wall_s, "eval": final_eval, "eval_polished": polished,
                    "eval_history": [{"version": v, **e} for v, e in history],
@@ -390,8 +390,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
                    "updater_device_id": result.updater_device_id,
                    "learner_device_ids": list(result.learner_device_ids),
                    "model": config.model, "dataset": config.dataset}
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    if s.checkpoint and host == 0:
-        _save_checkpoint(workdir, updater.version, variables, num_hosts)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        if s.checkpoint:
+            _save_checkpoint(workdir, b, updater.version, variables, updater.opt_state, polished_stats)
     return result

@@ -16,6 +16,11 @@ Before restoring, the saved tree's metadata (paths, shapes, dtypes) is compared 
 workdir written by another model or optimizer gives a `CheckpointError` that says what differs instead of
 orbax's "tree structures do not match". A checkpoint that cannot be read (a truncated file) gives a
 `CheckpointError` naming the step; ``resume="latest_good"`` falls back to the newest readable one.
+
+One layout for every run: the SPRINT runtime writes the same Composite (its whole state as a TrainState, the
+extras as the trainer's, no iterator item) from one process (`save_from_this_process`), and
+`restore_variables` reads the weights and BN statistics of either kind of run (orbax partial restore).
+Run directories are ``etils.epath`` paths (`jaxsprint.paths.as_path`): local, ``file://`` or remote URIs.
 """
 from __future__ import annotations
 
@@ -29,10 +34,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from jaxsprint import paths
 from jaxsprint.train import pipeline
 from jaxsprint.errors import CheckpointError, check
 
-__all__ = ["RESUME_MODES", "describe_mismatch", "manager", "named_leaves", "restore", "save", "validate_config"]
+__all__ = ["RESUME_MODES", "describe_mismatch", "manager", "named_leaves", "restore", "restore_variables", "save",
+           "save_from_this_process", "validate_config"]
 
 # config.resume: "latest" restores the newest checkpoint and fails if it cannot be read; "latest_good" falls
 # back to the newest one that can be read (a warning names every step skipped).
@@ -46,10 +53,15 @@ def validate_config(config) -> None:
     check(mode in RESUME_MODES, "config.resume", mode, f"allowed: {', '.join(RESUME_MODES)}")
 
 
-def manager(workdir: str, keep: int = 2) -> ocp.CheckpointManager:
+def directory(workdir: str | os.PathLike) -> epath.Path:
+    """``<workdir>/checkpoints`` as an ``epath.Path`` (a local workdir made absolute, a URI kept)."""
+    return paths.as_path(workdir) / "checkpoints"
+
+
+def manager(workdir: str | os.PathLike, keep: int = 2) -> ocp.CheckpointManager:
     """The checkpoint manager of ``<workdir>/checkpoints`` (keeps the newest `keep`, at least 1)."""
     options = ocp.CheckpointManagerOptions(max_to_keep=max(int(keep), 1), create=True)
-    return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options)
+    return ocp.CheckpointManager(directory(workdir), options=options)
 
 
 def _host_local(leaf) -> bool:
@@ -64,9 +76,7 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, extra: dict | None =
     Raises:
       ValueError: in a multi-process run, a leaf that is not a global array (names the leaf).
     """
-    tree = {"state": flax.serialization.to_state_dict(state)}
-    if extra:
-        tree.update(extra)
+    tree = _state_tree(state, extra)
     if jax.process_count() > 1:
         for path, leaf in named_leaves(tree):
             if _host_local(leaf):
@@ -76,6 +86,36 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, extra: dict | None =
     if iterator is not None:
         items["train_iterator"] = pipeline.checkpoint_args(iterator)
     mgr.save(step, args=ocp.args.Composite(**items))
+
+
+def _state_tree(state: Any, extra: dict | None) -> dict:
+    tree = {"state": flax.serialization.to_state_dict(state)}
+    if extra:
+        tree.update(extra)
+    return tree
+
+
+def save_from_this_process(workdir: str | os.PathLike, step: int, state: Any, extra: dict | None = None,
+                           keep: int = 1) -> None:
+    """Saves `state` and `extra` at `step` in `save`'s layout (no iterator item) from this process alone, and
+    waits until the step is committed.
+
+    For a run whose processes hold identical host-local copies (the SPRINT runtime: every host's updater
+    ends with the same weights): the leaves are fetched to numpy and only the calling process writes, so
+    the others need not take part (in a multi-process run, call it on one process only; orbax's barriers
+    then span that process alone).
+    """
+    tree = jax.tree.map(np.asarray, jax.device_get(_state_tree(state, extra)))
+    options = ocp.CheckpointManagerOptions(max_to_keep=max(int(keep), 1), create=True)
+    if jax.process_count() > 1:
+        me = jax.process_index()
+        directory(workdir).mkdir(parents=True, exist_ok=True)  # orbax creates it only with every process
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max(int(keep), 1), create=False,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+    with ocp.CheckpointManager(directory(workdir), options=options) as mgr:
+        mgr.save(step, args=ocp.args.Composite(**{_STATE_ITEM: ocp.args.StandardSave(tree)}))
+        mgr.wait_until_finished()
 
 
 def _key_name(k) -> str:
@@ -154,23 +194,38 @@ def _read_every_chunk(path: epath.Path) -> None:
         return  # not an OCDBT checkpoint: orbax alone reads it
     import tensorstore as ts
 
-    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{os.fspath(path)}"}).result()
+    if paths.is_uri(path):  # a remote filesystem: its kvstore URL, where tensorstore has one (gs://, s3://)
+        try:
+            base = ts.KvStore.Spec(str(path).rstrip("/") + "/").to_json()
+        except ValueError:
+            return  # no tensorstore kvstore for this filesystem: orbax alone reads it
+    else:
+        base = {"driver": "file", "path": os.fspath(path) + "/"}
+    store = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
     for key in store.list().result():
         store.read(key).result()
 
 
-def _restore_step(mgr, step: int, template: dict, iterator) -> dict:
+def _saved_table(mgr, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{path: (shape, dtype)}`` of the state item of `step`, after reading every chunk once."""
     path = epath.Path(mgr.directory) / str(step) / _STATE_ITEM
     try:
         _read_every_chunk(path)
         meta = ocp.StandardCheckpointHandler().metadata(path)
-        saved = _table(getattr(meta, "tree", meta))
+        return _table(getattr(meta, "tree", meta))
     except Exception as e:  # orbax raises many kinds for unreadable files; all mean "this step is broken"
         raise _Unreadable(f"its files cannot be read ({_short(e)})") from e
-    diff = describe_mismatch(saved, _table(template))
+
+
+def _check_matches(mgr, step: int, saved: dict, expected: dict) -> None:
+    diff = describe_mismatch(saved, expected)
     if diff is not None:
         raise CheckpointError("checkpoint step", step, f"the checkpoint in {mgr.directory} was written by a run "
                               f"with another state (use another workdir, or the config that wrote it): {diff}")
+
+
+def _restore_step(mgr, step: int, template: dict, iterator) -> dict:
+    _check_matches(mgr, step, _saved_table(mgr, step), _table(template))
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), template)
     items = {_STATE_ITEM: ocp.args.StandardRestore(abstract)}
     if iterator is not None:
@@ -246,3 +301,62 @@ def restore(mgr: ocp.CheckpointManager, state: Any, extra_template: dict | None 
         new_state = flax.serialization.from_state_dict(state, restored.pop("state"))
         return new_state, restored, step
     raise CheckpointError(f"checkpoints in {mgr.directory}", skipped, "none of them can be read")
+
+
+_VARIABLES = ("params", "batch_stats")
+
+
+def restore_variables(workdir: str | os.PathLike, template: dict, *, resume: str = "latest"
+                      ) -> tuple[Any, Any, int] | None:
+    """The weights and BatchNorm statistics of the latest checkpoint in ``<workdir>/checkpoints``, of a
+    trainer run or a SPRINT run alike: only ``state/params`` and ``state/batch_stats`` are read (orbax partial
+    restore), so the optimizer state, the extras and the iterator may be anything.
+
+    Args:
+      workdir: the run's directory (a local path or a URI).
+      template: ``{"params": ..., "batch_stats": ...}`` of this config (e.g. from a freshly initialised
+        state): the arrays' structure, shapes, dtypes and shardings, which the restored arrays take.
+      resume: "latest" (a checkpoint that cannot be read is an error) or "latest_good" (fall back to the
+        newest one that can be read; nothing is moved or written).
+
+    Returns:
+      ``(params, batch_stats, step)`` (the running statistics as the run left them, its EMA), or None when
+      there is no checkpoint.
+
+    Raises:
+      CheckpointError: the weights or statistics differ from the template's (the message lists what differs),
+        or the checkpoint cannot be read (names the step; with "latest_good", when none can be read).
+    """
+    check(resume in RESUME_MODES, "config.resume", resume, f"allowed: {', '.join(RESUME_MODES)}")
+    check(set(template) == set(_VARIABLES), "template", sorted(template), f"the keys {', '.join(_VARIABLES)}")
+    if not directory(workdir).exists():
+        return None
+    wanted = {k: v for k, v in template.items() if jax.tree.leaves(v)}  # no BatchNorm: no statistics to read
+    expected = _table({"state": wanted})
+    item = {"state": jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), wanted)}
+    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), item)
+    args = ocp.args.Composite(**{_STATE_ITEM: ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                                                      partial_restore=True)})
+    prefixes = tuple(f"state/{k}/" for k in _VARIABLES)
+    with ocp.CheckpointManager(directory(workdir), options=ocp.CheckpointManagerOptions(create=False)) as mgr:
+        skipped = []
+        for step in sorted(mgr.all_steps(), reverse=True):
+            try:
+                saved = {p: v for p, v in _saved_table(mgr, step).items() if p.startswith(prefixes)}
+                _check_matches(mgr, step, saved, expected)
+                try:
+                    state = mgr.restore(step, args=args)[_STATE_ITEM]["state"]
+                except Exception as e:
+                    raise _Unreadable(f"it cannot be read ({_short(e)})") from e
+            except _Unreadable as e:
+                if resume != "latest_good":
+                    raise CheckpointError("checkpoint step", step, f"in {mgr.directory}, {e}; config.resume="
+                                          "'latest_good' falls back to the newest checkpoint that can be read"
+                                          ) from None
+                logging.warning("checkpoint step %d cannot be read, trying an older one: %s", step, e)
+                skipped.append(step)
+                continue
+            return state["params"], state.get("batch_stats", template["batch_stats"]), step
+        if skipped:
+            raise CheckpointError(f"checkpoints in {mgr.directory}", skipped, "none of them can be read")
+    return None
