@@ -126,3 +126,24 @@ def test_a_default_config_file_takes_overrides_and_refuses_unknown_fields(tmp_pa
     assert r.stderr.strip().splitlines() == [
         f"error: invalid config.no_such='1': not a field of the config file {tmp_path / 'c.py'} (an override must "
         "name one of its fields; new fields go into the file)"]
+
+
+def test_the_config_is_written_through_epath_and_a_refused_body_keeps_the_old_one(tmp_path):
+    import json
+
+    import ml_collections
+    import pytest
+
+    from jaxsprint import cli
+
+    config = ml_collections.ConfigDict({"seed": 3})
+    path = cli.write_config(f"file://{tmp_path / 'run'}", config)
+    assert path == str(tmp_path / "run" / "config.json") and sorted(os.listdir(tmp_path / "run")) == ["config.json"]
+    config.seed = 4
+    with pytest.raises(RuntimeError):  # refused before it wrote anything: the run's config stays
+        with cli.config_beside_outputs(str(tmp_path / "run"), config):
+            raise RuntimeError("refused")
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"seed": 3}
+    with cli.config_beside_outputs(str(tmp_path / "run"), config):
+        pass  # a run that ended (a resumed one) rewrites it
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"seed": 4}

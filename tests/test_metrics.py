@@ -3,12 +3,14 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from jaxsprint.train import metrics
 
 
-def test_writer_appends_json_lines_and_tensorboard_events(tmp_path):
-    w = metrics.MetricWriter(str(tmp_path / "run"))
+@pytest.mark.parametrize("uri", [False, True])
+def test_writer_appends_json_lines_and_tensorboard_events(tmp_path, uri):
+    w = metrics.MetricWriter(f"file://{tmp_path / 'run'}" if uri else str(tmp_path / "run"))
     w.write(2, {"train_loss": np.float32(1.5), "lr": 0.1})
     w.write_histograms(2, {"staleness_hist": np.array([3, 0, 1])})
     w.write_histograms(3, {})  # nothing to write: no line
@@ -16,6 +18,13 @@ def test_writer_appends_json_lines_and_tensorboard_events(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"step": 2, "train_loss": 1.5, "lr": 0.1}, {"step": 2, "staleness_hist": [3, 0, 1]}]
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_hparams_keep_scalars_and_text_and_join_lists():
+    flat = {"lr.base": 0.1, "seed": 0, "model": "tiny", "flip": False, "area": [0.35, 1.0], "pmf": [],
+            "data_dir": None}
+    assert metrics.hparams(flat) == {"lr.base": 0.1, "seed": 0, "model": "tiny", "flip": False,
+                                     "area": "0.35,1.0", "pmf": ""}
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
