@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from etils import epath
 
 from jaxsprint.train import checkpoint, data, models, pipeline, trainer
 from jaxsprint.errors import CheckpointError, ConfigError
@@ -94,3 +95,25 @@ def test_a_truncated_checkpoint_names_its_step_and_latest_good_falls_back(tmp_pa
     assert os.listdir(tmp_path / "unreadable_checkpoints") == ["4"]
     with pytest.raises(ConfigError, match="config.resume"):
         checkpoint.restore(mgr, _state(), extra, resume="newest")
+
+
+def test_run_directories_and_their_kvstores_local_file_uri_and_remote(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint.directory("run") == epath.Path(tmp_path) / "run" / "checkpoints"  # made absolute
+    assert checkpoint.directory(f"file://{tmp_path}/run") == epath.Path(tmp_path) / "run" / "checkpoints"
+    assert checkpoint.kvstore_spec(epath.Path(tmp_path)) == {"driver": "file", "path": f"{tmp_path}/"}
+    # The sequential pre-read of a remote checkpoint goes through the URI's own kvstore (not run here: no bucket).
+    assert checkpoint.kvstore_spec(epath.Path("gs://bucket/run/checkpoints/4/train_state")) == {
+        "driver": "gcs", "bucket": "bucket", "path": "run/checkpoints/4/train_state/"}
+    assert checkpoint.kvstore_spec(epath.Path("az://container/run")) is None  # none in tensorstore: orbax alone
+
+
+def test_a_file_uri_workdir_round_trips(tmp_path):
+    mgr = checkpoint.manager(f"file://{tmp_path}")
+    checkpoint.save(mgr, 3, _state(), {"polished": jnp.asarray(1, jnp.int32)})
+    mgr.wait_until_finished()
+    mgr.close()
+    assert os.listdir(tmp_path / "checkpoints") == ["3"]
+    _, extra, step = checkpoint.restore(checkpoint.manager(f"file://{tmp_path}"), _state(),
+                                        {"polished": jnp.zeros((), jnp.int32)})
+    assert step == 3 and int(extra["polished"]) == 1

@@ -38,8 +38,8 @@ from jaxsprint import paths
 from jaxsprint.train import pipeline
 from jaxsprint.errors import CheckpointError, check
 
-__all__ = ["RESUME_MODES", "describe_mismatch", "manager", "named_leaves", "restore", "restore_variables", "save",
-           "save_from_this_process", "validate_config"]
+__all__ = ["RESUME_MODES", "describe_mismatch", "directory", "kvstore_spec", "manager", "named_leaves", "restore",
+           "restore_variables", "save", "save_from_this_process", "validate_config"]
 
 # config.resume: "latest" restores the newest checkpoint and fails if it cannot be read; "latest_good" falls
 # back to the newest one that can be read (a warning names every step skipped).
@@ -182,6 +182,19 @@ class _Unreadable(Exception):
     """A step whose files cannot be read (the reason is the message)."""
 
 
+def kvstore_spec(path: epath.Path) -> dict | None:
+    """The tensorstore kvstore (JSON spec) of the directory `path`: the ``file`` driver for a local path, the
+    URI's own driver for a remote one that tensorstore knows (``gs://`` -> ``gcs``, ``s3://``), else None."""
+    import tensorstore as ts
+
+    if not paths.is_uri(path):
+        return {"driver": "file", "path": os.fspath(path).rstrip("/") + "/"}
+    try:
+        return ts.KvStore.Spec(str(path).rstrip("/") + "/").to_json()
+    except ValueError:
+        return None
+
+
 def _read_every_chunk(path: epath.Path) -> None:
     """Reads every entry of the item's OCDBT store, one after the other.
 
@@ -190,17 +203,11 @@ def _read_every_chunk(path: epath.Path) -> None:
     Reading sequentially first turns a truncated or missing file into one clean exception (and costs one
     extra read of the checkpoint, once per start).
     """
-    if not (path / "manifest.ocdbt").exists():
-        return  # not an OCDBT checkpoint: orbax alone reads it
+    base = kvstore_spec(path)
+    if base is None or not (path / "manifest.ocdbt").exists():
+        return  # not an OCDBT checkpoint, or no kvstore for its filesystem: orbax alone reads it
     import tensorstore as ts
 
-    if paths.is_uri(path):  # a remote filesystem: its kvstore URL, where tensorstore has one (gs://, s3://)
-        try:
-            base = ts.KvStore.Spec(str(path).rstrip("/") + "/").to_json()
-        except ValueError:
-            return  # no tensorstore kvstore for this filesystem: orbax alone reads it
-    else:
-        base = {"driver": "file", "path": os.fspath(path) + "/"}
     store = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
     for key in store.list().result():
         store.read(key).result()
