@@ -86,7 +86,8 @@ def main(argv):
             model=config.model, image_size=config.image_size, dtype=config.dtype, batch=b, devices=exp.mesh.size,
             platform=jax.devices()[0].platform, train_step_s=t_step, train_images_per_s=b / t_step,
             moments_s=t_fwd, moments_images_per_s=b / t_fwd, polish_s=t_pass, polish_passes=info["passes"],
-            polish_images_per_pass=exp.dataset.num_train, polish_compile_s=t_compile, epoch_s=epoch_s, polish_over_epoch=t_pass / epoch_s))
+            polish_images_per_pass=exp.dataset.num_train, polish_compile_s=t_compile, epoch_s=epoch_s,
+            polish_over_epoch=t_pass / epoch_s))
 
 
 if __name__ == "__main__":
