@@ -1,6 +1,6 @@
-"""experiments/polish.py end to end: polishes a real run's checkpoint (its workdir given as a file:// URI), leaves
-the run's checkpoints alone, and refuses a work directory without one (exit 2, one line). A SPRINT run's workdir:
-tests/test_polish_sprint.py."""
+"""experiments/polish.py end to end: polishes a real run's checkpoint (train.py's and polish.py's workdir given
+as a file:// URI), leaves the run's checkpoints alone, and refuses a work directory without one (exit 2, one
+line). A SPRINT run's workdir: tests/test_polish_sprint.py."""
 import json
 import os
 import subprocess
@@ -21,10 +21,10 @@ def _tree(path):
 
 
 def test_polishes_the_latest_checkpoint_of_a_run(tmp_path):
-    r = _launch("train.py", f"--workdir={tmp_path}")
+    r = _launch("train.py", f"--workdir=file://{tmp_path}")  # a URI (epath maps file:// to the local path)
     assert r.returncode == 0, r.stderr[-3000:]
     checkpoints = _tree(tmp_path / "checkpoints")
-    r = _launch("polish.py", f"--workdir=file://{tmp_path}", "--config.polish.num_samples=200")  # a URI too
+    r = _launch("polish.py", f"--workdir=file://{tmp_path}", "--config.polish.num_samples=200")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval top-1, polished statistics" in r.stdout
     result = json.loads((tmp_path / "polish.json").read_text())
