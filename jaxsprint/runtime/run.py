@@ -276,7 +276,7 @@ def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | 
 
     Args:
       config: a SPRINT config (``experiments/configs/sprint.py``).
-      workdir: output directory (created; process 0 writes).
+      workdir: output directory, a local path or a URI (created; process 0 writes).
       learner_time_fn: test hook ``(global learner index, gradient index) -> seconds``: each learner's cycle
         lasts exactly that long (used with tiny models whose compute is far below it).
 
