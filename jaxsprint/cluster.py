@@ -154,8 +154,7 @@ def _resolve(plan: Plan, env: Mapping[str, str], timeout_s: int) -> tuple[str | 
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, timeout_s: int = DEFAULT_TIMEOUT_S,
-               env: Mapping[str, str] | None = None) -> Info:
+               process_id: int | None = None, *, timeout_s: int = DEFAULT_TIMEOUT_S) -> Info:
     """Joins this process to its multi-process launch (see the module docstring), or does nothing for one.
 
     Call it before anything starts JAX's backend (``jax.devices()``, a computation).
@@ -163,7 +162,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     Args:
       coordinator_address, num_processes, process_id: the launcher's flags (None: from the environment).
       timeout_s: bound on the start-up, seconds (the port probe and JAX's ``initialization_timeout``).
-      env: the environment to read (default ``os.environ``).
 
     Returns:
       `Info`: the launch, the process count and this process's index.
@@ -172,7 +170,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       ConfigError: bad flags, or a launch of several processes this process cannot join within `timeout_s`.
     """
     check(is_int(timeout_s) and timeout_s >= 1, "timeout_s", timeout_s, "an integer >= 1 (seconds)")
-    env = os.environ if env is None else env
+    env = os.environ  # JAX's detection reads it too
     plan = detect(env, coordinator_address, num_processes, process_id)
     if plan.launcher == "single":
         return Info("single", 1, 0, None)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import pytest
 
 from jaxsprint import cluster, subprocs
@@ -65,9 +66,13 @@ def test_flags_and_environments_that_make_no_launch_are_refused(env, flags, fiel
     assert e.value.field == field
 
 
-def test_a_single_process_calls_nothing():
-    assert cluster.initialize(env={}) == cluster.Info("single", 1, 0, None)
-    assert cluster.initialize("h:1", 1, 0, env={}) == cluster.Info("single", 1, 0, None)
+def test_a_single_process_calls_nothing(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "JAX_COORDINATOR")):
+            monkeypatch.delenv(name)
+    assert cluster.initialize() == cluster.Info("single", 1, 0, None)
+    assert cluster.initialize("h:1", 1, 0) == cluster.Info("single", 1, 0, None)
+    assert not jax.distributed.is_initialized()
 
 
 def _child(code: str, env: dict) -> subprocess.CompletedProcess:
