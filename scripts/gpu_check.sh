@@ -32,7 +32,8 @@ PY="${PYTHON:-python3}"
 RESULT_DIR="${OUT:-.}"
 RESULT="$RESULT_DIR/gpu_check.json"
 LOGS="$RESULT_DIR/gpu_check_logs"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"  # the parts' scratch (their figures are copied to RESULT)
+trap 'rm -rf "$WORK"' EXIT
 SITE="${GPU_CHECK_SITE:-/tmp/site}"
 mkdir -p "$LOGS" "$WORK/status"
 export PYTHONDONTWRITEBYTECODE=1

@@ -19,7 +19,7 @@ def _finite(x):
 
 def _run(tmp_path, **settings):
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, GPU_CHECK_ALLOW_CPU="1",
-               GPU_CHECK_SITE=str(tmp_path / "site"), **settings)
+               GPU_CHECK_SITE=str(tmp_path / "site"), TMPDIR=str(tmp_path), **settings)
     env.pop("JAX_PLATFORMS", None)
     r = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=1200, env=env, cwd=tmp_path)
     text = (tmp_path / "gpu_check.json").read_text()
@@ -90,3 +90,4 @@ def test_a_spent_budget_skips_the_remaining_parts(tmp_path):  # a few seconds: o
     for name in ("bench", "model", "polish", "sprint", "demo", "tests"):
         assert parts[name]["status"] == "skipped" and parts[name]["limit_s"] == 0, name
         assert "no time left" in parts[name]["log_tail"]
+    assert not list(tmp_path.glob("gpu_check.??????"))  # the scratch directory (mktemp gpu_check.XXXXXX) is gone
