@@ -46,27 +46,102 @@ from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa:
 
 
 def _numbers(name, values, kind, lo):
-    from jaxsprint.errors import check
+    import math
+
+    from jaxsprint.errors import check, is_int
 
     out = []
     for v in cli.text_list(f"config.calibration.{name}", values):
-        try:
-            x = None if isinstance(v, bool) else kind(v)
+        try:  # an integer field takes integers only (1.5 is not 1), a number field finite numbers
+            x = None if isinstance(v, bool) or (kind is int and not (is_int(v) or isinstance(v, str))) else kind(v)
         except (TypeError, ValueError):
             x = None
-        check(x is not None and x >= lo, f"config.calibration.{name}", v,
-              f"a tuple (or comma-separated text) of {kind.__name__}s >= {lo}")
+        check(x is not None and math.isfinite(x) and x >= lo, f"config.calibration.{name}", v,
+              f"a tuple (or comma-separated text) of finite {kind.__name__}s >= {lo}")
         out.append(x)
     check(bool(out), f"config.calibration.{name}", values, "a non-empty tuple")
     return out
 
 
+def _read_json(field, path, what):
+    """The JSON object in the file `path`, or ConfigError named `field` saying `what` it must be."""
+    import json
+
+    from jaxsprint.errors import ConfigError, check
+
+    check(bool(path) and os.path.isfile(path), field, path, what)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(field, path, f"{what} (it is not readable JSON: {e})") from None
+    check(isinstance(data, dict), field, path, f"{what} (a JSON object)")
+    return data
+
+
+# The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
+_RUN_FIELDS = {"config.sprint.learners_per_host": "learners", "config.sprint.sub_batch": "run_sub_batch",
+               "config.sprint.network_time_s": "network_times", "config.sprint.duration_s": "duration_s",
+               "config.sprint.warmup_s": "warmup_s"}
+
+
+def check_plan(config, sub_batches, learners, network_times):
+    """Checks what measuring will start, before anything is measured or written: the planned time (at most
+    ``runtime.bounds.MAX_SECONDS``), and the SPRINT config of the largest runtime run and of the lone gradient
+    step at the largest sub-batch as ``runtime.validate_config`` checks them (this host's bounds included).
+
+    Raises:
+      ConfigError: naming the config field (``config.calibration.<field>`` for what the calibration sets).
+    """
+    import copy
+
+    import jax
+
+    from jaxsprint import runtime
+    from jaxsprint.errors import ConfigError, check, is_int, is_real
+    from jaxsprint.runtime.bounds import MAX_SECONDS
+
+    k = config.calibration
+    check(is_int(k.run_sub_batch) and k.run_sub_batch >= 1, "config.calibration.run_sub_batch", k.run_sub_batch,
+          "an integer >= 1")
+    check(is_real(k.warmup_s) and k.warmup_s >= 0, "config.calibration.warmup_s", k.warmup_s, "a finite number >= 0")
+    check(is_real(k.duration_s) and k.duration_s > k.warmup_s, "config.calibration.duration_s", k.duration_s,
+          f"a finite number of seconds longer than config.calibration.warmup_s={k.warmup_s}")
+    check(is_real(k.step_time_s) and 0 < k.step_time_s <= MAX_SECONDS, "config.calibration.step_time_s",
+          k.step_time_s, f"a number of seconds in (0, {MAX_SECONDS:g}]")
+    check(is_int(k.rounds) and k.rounds >= 1, "config.calibration.rounds", k.rounds, "an integer >= 1")
+    steps_s = 2 * k.rounds * len(sub_batches) * k.step_time_s  # the timing rounds, then the cores measurement
+    check(steps_s <= MAX_SECONDS, "config.calibration.rounds", k.rounds,
+          f"a count for which the gradient-step timing ({len(sub_batches)} sub-batches x step_time_s="
+          f"{k.step_time_s} s, twice) takes at most {MAX_SECONDS:g} s")
+    check(len(learners) * len(network_times) * k.duration_s <= MAX_SECONDS, "config.calibration.duration_s",
+          k.duration_s, f"a length for which the {len(learners) * len(network_times)} runtime runs take at most "
+                        f"{MAX_SECONDS:g} s")
+    probes = [(1, max(sub_batches), 0.0, "sub_batches")]  # the lone step
+    if learners:
+        probes.append((max(learners), k.run_sub_batch, max(network_times), None))
+    for n, b, nt, field in probes:
+        c = copy.deepcopy(config)
+        with c.unlocked():
+            s = c.sprint
+            s.learners_per_host, s.sub_batch, s.network_time_s = int(n), int(b), float(nt)
+            s.duration_s, s.warmup_s = float(k.duration_s), float(k.warmup_s)
+            s.num_updates, s.num_epochs, s.checkpoint, s.eval_every_updates = 0, 0.0, False, 0
+        try:
+            runtime.validate_config(c, len(jax.local_devices()))
+        except ConfigError as e:
+            name = field if e.field == "config.sprint.sub_batch" and field else _RUN_FIELDS.get(e.field)
+            if name is None:
+                raise
+            raise ConfigError(f"config.calibration.{name}", getattr(k, name), f"{e.allowed} (as {e.field} of "
+                                                                              "the measurement)") from None
+
+
 def runs_from(path):
     """The runtime-run records of a validate_runtime.py ``results.json`` (one per run, as :func:`measure` makes)."""
-    from experiments import studies
-    from jaxsprint.errors import check
+    from jaxsprint.errors import ConfigError, check
 
-    data = studies.load_json(path, dict)
+    data = _read_json("config.calibration.runs_from", path, "a results.json of experiments/validate_runtime.py")
     runs = data.get("runs")
     check(isinstance(runs, list) and len(runs) > 0, "config.calibration.runs_from", path,
           "a results.json of experiments/validate_runtime.py with at least one run")
@@ -79,8 +154,12 @@ def runs_from(path):
               and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")),
               "config.calibration.runs_from", path, "runs with a name, learners_per_host, hosts, sub_batch and "
               "measured cycle statistics (validate_runtime.py's results.json)")
-        out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
-                        sub_batch=int(r["sub_batch"]), **{k: m[k] for k in measured}))
+        try:
+            out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
+                            sub_batch=int(r["sub_batch"]), **{k: m[k] for k in measured}))
+        except (TypeError, ValueError):
+            raise ConfigError("config.calibration.runs_from", path, "runs whose learners_per_host, hosts and "
+                              "sub_batch are integers (validate_runtime.py's results.json)") from None
     return out
 
 
@@ -189,20 +268,24 @@ def save_preset(path, result, command, measurements_path):
 
 
 def main(argv):
-    del argv
     from experiments import studies
-    from jaxsprint.errors import check
+    from jaxsprint.errors import ConfigError, check
     from jaxsprint.calibration import model_fit
 
+    if len(argv) > 1:
+        raise ConfigError("arguments", argv[1:], "none besides flags")
     config = _CONFIG.value
     k = config.calibration
     out, meas_path = _OUT.value, k.measurements
     cli.check_output_file("--out", out)
     given_runs = runs_from(k.runs_from) if k.runs_from else None  # read and checked before anything
+    if not k.fit_only or given_runs is not None:  # the measurements are written
+        cli.check_output_file("config.calibration.measurements", meas_path)
     if k.fit_only:
-        data = studies.load_json(meas_path, dict)
+        what = f"a file written by this script (format {FORMAT!r}) to refit with config.calibration.fit_only"
+        data = _read_json("config.calibration.measurements", meas_path, what)
         check(data.get("format") == FORMAT and "measurements" in data, "config.calibration.measurements", meas_path,
-              f"a file written by this script (format {FORMAT!r}) to refit with config.calibration.fit_only")
+              what)
         meas = data["measurements"]
         if given_runs is not None:
             meas = dict(meas, runs=given_runs)
@@ -211,20 +294,8 @@ def main(argv):
         sub_batches = _numbers("sub_batches", k.sub_batches, int, 1)
         learners = _numbers("learners", k.learners, int, 1)
         network_times = _numbers("network_times", k.network_times, float, 0.0)
-        check(k.duration_s > k.warmup_s >= 0, "config.calibration.duration_s", k.duration_s,
-              f"longer than config.calibration.warmup_s={k.warmup_s} (which is >= 0)")
-        check(k.step_time_s > 0, "config.calibration.step_time_s", k.step_time_s, "a number > 0")
+        check_plan(config, sub_batches, [] if given_runs is not None else learners, network_times)
         k.sub_batches, k.learners, k.network_times = tuple(sub_batches), tuple(learners), tuple(network_times)
-        from jaxsprint import runtime
-
-        import copy
-
-        probe = copy.deepcopy(config)
-        with probe.unlocked():
-            probe.sprint.learners_per_host = max(learners)
-        import jax
-
-        runtime.validate_config(probe, len(jax.local_devices()))
         meas = measure(config, sub_batches, learners, network_times, runs=given_runs)
         studies.save_json(meas_path, dict(format=FORMAT, measurements=meas))  # the data first, whatever the fit does
     result = fit(config, meas)

@@ -38,7 +38,7 @@ from absl import flags  # noqa: E402
 
 from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
-from jaxsprint.errors import ConfigError, check  # noqa: E402
+from jaxsprint.errors import ConfigError, check, is_int, is_real  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = cli.define_config_file("config", os.path.join(_HERE, "configs", "plan.py"),
@@ -46,6 +46,23 @@ _CONFIG = cli.define_config_file("config", os.path.join(_HERE, "configs", "plan.
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json and plan.json are written (optional for a "
                                "plan); with config.runtime_configs, also where the runtime writes its runs.")
 _JSON, _PLOT = common_flags.JSON, common_flags.PLOT  # --plot: epoch time against predicted time to accuracy
+_PLOT_EXTENSIONS = (".png", ".pdf", ".svg")
+MAX_LADDER = 100  # mini-batch targets, and staleness limits: their product is the number of candidates
+
+
+def _check_outputs(workdir_required: bool = False) -> None:
+    """--workdir, --plot and config.cache_dir can be written (nothing is created)."""
+    config = _CONFIG.value
+    check(bool(_WORKDIR.value) or not workdir_required, "--workdir", _WORKDIR.value,
+          "a directory for the runtime's runs")
+    if _WORKDIR.value:
+        cli.check_output_dir("--workdir", _WORKDIR.value)
+    if _PLOT.value:
+        check(os.path.splitext(_PLOT.value)[1].lower() in _PLOT_EXTENSIONS, "--plot", _PLOT.value,
+              f"a file name ending in {', '.join(_PLOT_EXTENSIONS)}")
+        cli.check_output_file("--plot", _PLOT.value)
+    if config.cache_dir:
+        cli.check_output_dir("config.cache_dir", config.cache_dir)
 
 
 def resolve(config) -> dict[str, Any]:
@@ -65,11 +82,20 @@ def resolve(config) -> dict[str, Any]:
     limits = cli.float_list("config.staleness_limits", config.staleness_limits)
     check(bool(limits) and all(v > 1 for v in limits), "config.staleness_limits", config.staleness_limits,
           "numbers > 1 or inf (the protocol's mean staleness always exceeds 1)")
+    check(len(limits) <= MAX_LADDER, "config.staleness_limits", config.staleness_limits,
+          f"at most {MAX_LADDER} limits (each limit x each ladder step is a candidate, one gradient search)")
     mb_range = (None if config.minibatch_range is None
                 else cli.float_list("config.minibatch_range", config.minibatch_range))
-    check(mb_range is None or len(mb_range) == 2, "config.minibatch_range", config.minibatch_range,
-          "two numbers lo,hi")
-    check(config.holdout >= 0, "config.holdout", config.holdout, "an integer >= 0")
+    check(mb_range is None or (len(mb_range) == 2 and all(math.isfinite(v) and v > 0 for v in mb_range)
+                               and mb_range[0] < mb_range[1]), "config.minibatch_range", config.minibatch_range,
+          "two finite numbers 0 < lo < hi (cluster samples)")
+    check(is_int(config.ladder) and 1 <= config.ladder <= MAX_LADDER, "config.ladder", config.ladder,
+          f"an integer in [1, {MAX_LADDER}] (mini-batch targets)")
+    for name in ("max_nodes", "max_gpus_per_node", "max_sub_batch", "dataset_size"):
+        check(config[name] is None or (is_int(config[name]) and config[name] >= 1), f"config.{name}", config[name],
+              "None or an integer >= 1")
+    check(is_int(config.holdout) and 0 <= config.holdout <= planner.MAX_RUNS, "config.holdout", config.holdout,
+          f"an integer in [0, {planner.MAX_RUNS}] (held-out cells, one emulated run each)")
     if config.max_staleness is not None:
         check(math.isfinite(config.max_staleness) and config.max_staleness > 1, "config.max_staleness",
               config.max_staleness, "a finite number > 1")
@@ -78,10 +104,7 @@ def resolve(config) -> dict[str, Any]:
     config.staleness_limits = tuple(limits)
     if mb_range is not None:
         config.minibatch_range = tuple(mb_range)
-    if _WORKDIR.value:
-        cli.check_output_dir("--workdir", _WORKDIR.value)
-    if _PLOT.value:
-        cli.check_output_file("--plot", _PLOT.value)
+    _check_outputs()
     with cli.as_config_fields():
         machine = presets.load_machine(config.machine, config.machine_file)
         if not config.network:
@@ -93,8 +116,10 @@ def resolve(config) -> dict[str, Any]:
     settings = planner.settings_from_config(config, minibatch_scale=scale)
     em = emulator.Emulator(data, config.model, seeds=config.seeds, max_updates=config.max_updates,
                            eval_every=config.eval_every, momentum=config.momentum, width=config.width)
-    space = spaces.make_space(net, machine, max_nodes=config.max_nodes, max_gpus_per_node=config.max_gpus_per_node,
-                              max_sub_batch=config.max_sub_batch, dataset_size=dataset_size)
+    with cli.as_config_fields():
+        space = spaces.make_space(net, machine, max_nodes=config.max_nodes,
+                                  max_gpus_per_node=config.max_gpus_per_node, max_sub_batch=config.max_sub_batch,
+                                  dataset_size=dataset_size)
     lo, hi = mb_range if mb_range is not None else (8.0 * scale, 256.0 * scale)
     from jaxsprint.plan import law as plan_lib
     ladder = plan_lib.minibatch_ladder(lo, hi, config.ladder)
@@ -194,8 +219,11 @@ def validate_runtime(config) -> dict[str, Any]:
         raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
     target = planner.check_target_accuracy(config.target_accuracy)
     configs = validation.parse_configs(cli.text_list("config.runtime_configs", config.runtime_configs))
-    check(bool(_WORKDIR.value), "--workdir", _WORKDIR.value, "a directory for the runtime's runs")
-    cli.check_output_dir("--workdir", _WORKDIR.value)
+    _check_outputs(workdir_required=True)
+    check(is_int(config.runtime_updates) and config.runtime_updates >= 1, "config.runtime_updates",
+          config.runtime_updates, "an integer >= 1 (published versions of each runtime run)")
+    check(is_real(config.momentum) and 0 <= config.momentum < 1, "config.momentum", config.momentum,
+          "a number in [0, 1)")
     base = sprint_config.get_config()
     with base.unlocked():  # config.momentum is the runtime's too, so that both sides train the same optimizer
         base.optimizer.momentum = float(config.momentum)
@@ -203,13 +231,16 @@ def validate_runtime(config) -> dict[str, Any]:
     em = emulator.Emulator(data, "tiny_nobn", seeds=config.seeds, max_updates=config.max_updates,
                            eval_every=config.eval_every, momentum=float(base.optimizer.momentum),
                            weight_decay=float(base.optimizer.weight_decay))
+    run_settings = dict(num_updates=config.runtime_updates, eval_every_updates=config.eval_every,
+                        learning_rate=config.base_lr)
+    import jax
+
+    validation.check_runtime_configs(base, configs, len(jax.local_devices()), **run_settings)
     cache = emulator.RunCache(config.cache_dir or None)
     cli.write_config(_WORKDIR.value, config)
     measured, cells = [], []
     for n, b, t in configs:
-        cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t,
-                                        num_updates=config.runtime_updates, eval_every_updates=config.eval_every,
-                                        learning_rate=config.base_lr)
+        cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t, **run_settings)
         m = validation.measure(cfg, os.path.join(_WORKDIR.value, f"n{n}_b{b}_t{t:g}"), target,
                                reuse=config.runtime_reuse)
         # Each emulated run at its own bucket (its result does not depend on it): carrying the largest one

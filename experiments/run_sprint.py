@@ -30,7 +30,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments import common_flags  # noqa: E402
 from jaxsprint import cli  # noqa: E402
-from jaxsprint.errors import ConfigError, check  # noqa: E402
+from jaxsprint.errors import ConfigError, DataError, check  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections SPRINT config file "
                                           "(experiments/configs/sprint.py).", lock_config=True)
@@ -50,14 +50,30 @@ _EVENTS = flags.DEFINE_string("events", None, "Analyse this events.npz instead o
 _PLOT_EXTENSIONS = (".png", ".pdf", ".svg")
 
 
+def _check_processes() -> None:
+    """The multi-process flags one by one (whether they make a launch is `_initialize_distributed`'s)."""
+    n, pid, address = _NPROC.value, _PID.value, _COORD.value
+    check(n is None or n >= 1, "--num_processes", n, "an integer >= 1")
+    check(pid is None or (pid >= 0 and (n is None or pid < n)), "--process_id", pid,
+          f"an integer in [0, {n})" if n else "an integer >= 0")
+    if address is not None:
+        host, _, port = address.rpartition(":")
+        check(bool(host) and port.isdigit() and 1 <= int(port) <= 65535, "--coordinator_address", address,
+              "HOST:PORT of process 0, the port in [1, 65535]")
+
+
 def _check_flags() -> None:
     if _EVENTS.value is None:
         check(_CONFIG.value is not None, "--config", None, "a config file is required "
                                                            "(e.g. experiments/configs/sprint.py)")
         check(bool(_WORKDIR.value), "--workdir", _WORKDIR.value, "a directory is required")
-    elif _CONFIG.value is None:
-        check(not flags.FLAGS["specs"].present or not _SPECS.value, "--specs", True,
-              "needs --config (the network and the run's config) when --events is given")
+        cli.check_output_dir("--workdir", _WORKDIR.value)
+    else:
+        check(os.path.isfile(_EVENTS.value), "--events", _EVENTS.value, "an events.npz written by a run")
+        if _CONFIG.value is None:
+            check(not flags.FLAGS["specs"].present or not _SPECS.value, "--specs", True,
+                  "needs --config (the network and the run's config) when --events is given")
+    _check_processes()
     if _PLOT.value is not None:
         check(os.path.splitext(_PLOT.value)[1].lower() in _PLOT_EXTENSIONS, "--plot", _PLOT.value,
               f"a file name ending in {', '.join(_PLOT_EXTENSIONS)}")
@@ -65,6 +81,7 @@ def _check_flags() -> None:
         check(os.path.isdir(parent) or (_WORKDIR.value and os.path.abspath(parent).startswith(
             os.path.abspath(_WORKDIR.value))), "--plot", _PLOT.value,
             "a path in an existing directory (or in the workdir)")
+        cli.check_output_file("--plot", _PLOT.value)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -119,7 +136,10 @@ def main(argv):
     eval_accuracy, machine, process_index = None, None, 0
     if _EVENTS.value is not None:
         machine = _machine() if specs else None
-        log = events.load(_EVENTS.value)
+        try:
+            log = events.load(_EVENTS.value)
+        except DataError as e:
+            raise ConfigError("--events", _EVENTS.value, e.allowed) from None
         summary = os.path.join(os.path.dirname(os.path.abspath(_EVENTS.value)), "summary.json")
         if os.path.exists(summary):
             with open(summary) as fh:
@@ -127,10 +147,16 @@ def main(argv):
     else:
         from jaxsprint.train import cpu
         from jaxsprint import runtime
+        from jaxsprint.runtime import bounds
 
         print_info = cpu.configure_host_memory(config.cpu_kernels)  # before JAX starts its threads
         if not flags.FLAGS["verbosity"].present:  # libraries (orbax) log every save at INFO
             logging.set_verbosity(logging.WARNING)
+        # What the start-up reads of the config, before JAX's backend starts (the rest: validate_config below).
+        check("sprint" in config, "config.sprint", None, "a SPRINT config (see experiments/configs/sprint.py)")
+        t = config.sprint.get("init_timeout_s")
+        check(isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= bounds.MAX_SECONDS,
+              "config.sprint.init_timeout_s", t, f"an integer number of seconds in [1, {bounds.MAX_SECONDS:g}]")
         _initialize_distributed(config)
         import jax
 

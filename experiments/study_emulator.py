@@ -64,23 +64,42 @@ def validate_study(base, num_devices: int) -> None:
     """
     from experiments import studies
     from jaxsprint import runtime
-    from jaxsprint.errors import check
+    from jaxsprint.errors import ConfigError, check, is_int, is_real
+    from jaxsprint.train import trainer
 
     studies.require_study(base, ("names", "learners", "network_times", "seeds"))
     s = base.study
-    check(len(s.learners) == len(s.names) == len(s.network_times), "config.study.learners", s.learners,
-          f"one entry per name in config.study.names ({len(s.names)}), as config.study.network_times")
-    check(len(set(s.names)) == len(s.names), "config.study.names", s.names, "distinct names")
+    n = len(s.names)
+    check(len(s.learners) == n and all(is_int(v) and v >= 1 for v in s.learners), "config.study.learners",
+          s.learners, f"one integer >= 1 per name in config.study.names ({n})")
+    check(len(s.network_times) == n and all(is_real(v) and v >= 0 for v in s.network_times),
+          "config.study.network_times", s.network_times, f"one finite number of seconds >= 0 per name ({n})")
+    check(len(set(s.names)) == n, "config.study.names", s.names, "distinct names")
     subs = s.get("sub_batches")
-    check(subs is None or (len(subs) == len(s.names) and all(isinstance(b, int) and b >= 1 for b in subs)),
+    check(subs is None or (len(subs) == n and all(is_int(b) and b >= 1 for b in subs)),
           "config.study.sub_batches", subs, f"None (config.sprint.sub_batch for all) or one integer >= 1 per name "
-                                            f"({len(s.names)})")
-    check(isinstance(s.num_updates, int) and s.num_updates >= 1, "config.study.num_updates", s.num_updates,
+                                            f"({n})")
+    check(is_int(s.num_updates) and s.num_updates >= 1, "config.study.num_updates", s.num_updates,
           "an integer >= 1")
     for seed in s.seeds:
-        check(isinstance(seed, int) and not isinstance(seed, bool), "config.study.seeds", seed, "integers")
-    for i in range(len(s.names)):
-        runtime.validate_config(runtime_config(base, i, s.seeds[0]), num_devices)
+        check(is_int(seed) and 0 <= seed < 2**31, "config.study.seeds", seed, "integers in [0, 2^31)")
+    # Each configuration's runtime run, and its emulation (from stand-in statistics), as they will be checked.
+    fields = {"config.sprint.learners_per_host": "config.study.learners",
+              "config.sprint.network_time_s": "config.study.network_times",
+              "config.sprint.num_updates": "config.study.num_updates", "config.sprint.seed": "config.study.seeds"}
+    if subs is not None:
+        fields["config.sprint.sub_batch"] = "config.study.sub_batches"
+    stand_in = {"staleness_pmf": {"0": 1.0}, "count_pmf": {"1": 1.0}}
+    for i in range(n):
+        try:
+            runtime.validate_config(runtime_config(base, i, s.seeds[0]), num_devices)
+        except ConfigError as e:
+            if e.field not in fields:
+                raise
+            value = base.study[fields[e.field].rpartition(".")[2]]
+            raise ConfigError(fields[e.field], value, f"{e.allowed} (as {e.field} of configuration "
+                                                      f"{s.names[i]!r})") from None
+        trainer.validate_config(emulator_config(base, i, s.seeds[0], stand_in, s.num_updates), 1)
 
 
 def sub_batch(base, i: int) -> int:
@@ -174,8 +193,12 @@ def run_runtime(config):
 
 
 def main(argv):
-    del argv
     import jax
+
+    from jaxsprint.errors import ConfigError
+
+    if len(argv) > 1:
+        raise ConfigError("arguments", argv[1:], "none besides flags")
 
     from experiments import studies
     from jaxsprint.train import trainer

@@ -27,6 +27,7 @@ runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``pres
 both predictions with the current model and preset (the specs one from the config with the overrides saved in
 ``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run.
 """
+import copy
 import csv
 import json
 import math
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import time
 
+os.environ["JAX_PLATFORMS"] = "cpu"  # every run is on XLA:CPU (run_config), so are this process's checks and costs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
@@ -80,6 +82,9 @@ QUICK_GRID = (("quick_h1_l2", 1, 2, 8, 10), ("quick_h2_l1", 2, 1, 8, 10))
 QUICK_OVERRIDES = ("--config.model=tiny", "--config.image_size=8")
 QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
 _OWN_UPDATER = "--config.sprint.updater_device=own"
+_SET_BY_GRID = tuple(f"config.sprint.{f}" for f in ("learners_per_host", "sub_batch", "network_time_s", "duration_s",
+                                                     "num_updates", "num_epochs", "warmup_s", "checkpoint",
+                                                     "eval_every_updates"))  # by run_config
 _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
@@ -386,16 +391,47 @@ def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str
     print(f"wrote {out}/results.json, results.csv, summary.md, errors.png")
 
 
+def check_runs(config, grid, *, quick: bool, own: bool, warmup_s: float, duration_s: float) -> None:
+    """Checks the SPRINT config of every run of `grid` (`run_config`'s settings, at most `duration_s` long) as
+    its process will (``runtime.validate_config`` with its devices), before any runs or anything is written.
+
+    Raises:
+      ConfigError: naming the first bad field.
+    """
+    from jaxsprint import runtime
+
+    base = _override(config, list(QUICK_OVERRIDES)) if quick else config  # `config` has the command's overrides
+    for _, _, lph, b, net_ms in grid:
+        c = copy.deepcopy(base)
+        with c.unlocked():
+            s = c.sprint
+            s.learners_per_host, s.sub_batch, s.network_time_s = lph, b, net_ms / 1e3
+            s.duration_s, s.num_updates, s.num_epochs, s.warmup_s = float(duration_s), 0, 0.0, float(warmup_s)
+            s.checkpoint, s.eval_every_updates = False, 0
+            if own:
+                s.updater_device, s.devices = "own", lph
+        runtime.validate_config(c, lph + 1 if own else lph)
+
+
 def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
     check(bool(_OUT.value), "--out", _OUT.value, "an output folder is required")
+    cli.check_output_dir("--out", _OUT.value)
+    from jaxsprint.runtime.bounds import MAX_SECONDS
+
     v = _CONFIG.value.validation
     for name in ("min_gradients", "min_updates"):
         check(isinstance(v[name], int) and v[name] >= 1, f"config.validation.{name}", v[name], "an integer >= 1")
     check(math.isfinite(v.warmup_s) and v.warmup_s >= 0, "config.validation.warmup_s", v.warmup_s, "a number >= 0")
     for name in ("max_duration_s", "run_timeout_s"):
-        check(math.isfinite(v[name]) and v[name] > 0, f"config.validation.{name}", v[name], "a number > 0")
+        check(math.isfinite(v[name]) and 0 < v[name] <= MAX_SECONDS, f"config.validation.{name}", v[name],
+              f"a number of seconds in (0, {MAX_SECONDS:g}]")
+    check(v.warmup_s < v.max_duration_s, "config.validation.warmup_s", v.warmup_s,
+          f"less than config.validation.max_duration_s={v.max_duration_s} (a run longer than its warm-up)")
+    check(v.run_timeout_s > v.max_duration_s + _STARTUP_S, "config.validation.run_timeout_s", v.run_timeout_s,
+          f"more than config.validation.max_duration_s={v.max_duration_s} + {_STARTUP_S:g} s of start-up (the "
+          "timeout stops a run's processes)")
     for name, allowed in (("grid", _GRIDS), ("specs", _SPECS_KINDS), ("updater_device", _UPDATER_DEVICES)):
         check(v[name] in allowed, f"config.validation.{name}", v[name], f"one of {', '.join(allowed)}")
     grid = QUICK_GRID if _QUICK.value else CALIBRATION_GRID if v.grid == "calibration" else GRID
@@ -405,9 +441,16 @@ def main(argv):
     for n in only:
         check(n in names, "config.validation.only", n, f"names of the {label} grid: {', '.join(names)}")
     grid = [g for g in grid if not only or g[0] in only]
+    for arg in _config_overrides():
+        key = arg[len("--"):].partition("=")[0]
+        check(key not in _SET_BY_GRID, key, arg.partition("=")[2],
+              "not an override here: every run's grid entry and planned length set it (config.validation)")
     overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
     if v.updater_device == "own" and _OWN_UPDATER not in overrides:
         overrides.append(_OWN_UPDATER)
+    check_runs(_CONFIG.value, grid, quick=_QUICK.value, own=_OWN_UPDATER in overrides,
+               warmup_s=QUICK_WARMUP_S if _QUICK.value else v.warmup_s,
+               duration_s=QUICK_DURATION_S if _QUICK.value else v.max_duration_s)
     from jaxsprint.calibration import host
     from jaxsprint.perf import presets
 

@@ -101,6 +101,7 @@ def main(argv: list[str]) -> None:
     root = os.getcwd()
     results = []
     for case in cases:
+        print(f"case {case['id']}: {' '.join(case['argv'])}", file=sys.stderr, flush=True)  # the one that hangs
         before = snapshot(root)
         code, _, err = run_case(module, launcher, case["argv"])
         results.append({"id": case["id"], "code": code, "stderr": err,

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+import bad_input_cases_runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "bad_input_driver.py")
 CONFIGS = os.path.join(ROOT, "experiments", "configs")
@@ -404,7 +406,7 @@ def _study_async_cases():
 
 
 CASES = {
-    "train.py": _train_cases(),
+    "train.py": _train_cases() + bad_input_cases_runs.train_cases(),  # + the resume and profiling fields
     "polish.py": _polish_cases(),
     "predict.py": _predict_cases(),
     "search.py": _search_cases(),
@@ -412,6 +414,7 @@ CASES = {
     "validate_model.py": _validate_model_cases(),
     "study_polish.py": _study_polish_cases(),
     "study_async.py": _study_async_cases(),
+    **bad_input_cases_runs.CASES,  # run_sprint, plan, validate_runtime, calibrate_runtime, study_emulator
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -488,6 +491,7 @@ def scratch(tmp_path_factory):
     for name, data in _bad_measurements().items():
         _write(d / "bad" / f"{name}.json", data)
     _write(d / "bad_results.json", "{truncated")
+    bad_input_cases_runs.write_inputs(d)
     return d
 
 
@@ -508,7 +512,13 @@ def _start_driver(scratch, tag: str, launcher: str, cases) -> tuple[subprocess.P
 
 
 def _finish_driver(proc: subprocess.Popen, out_path) -> dict[str, dict]:
-    _, err = proc.communicate(timeout=TIMEOUT_S)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        started = [x for x in err.splitlines() if x.startswith("case ")]
+        pytest.fail(f"the driver outlived {TIMEOUT_S} s, in {started[-1] if started else 'its start'}")
     assert proc.returncode == 0, err[-3000:]
     return {x["id"]: x for x in json.loads(out_path.read_text())}
 

@@ -112,7 +112,8 @@ def test_settings_come_from_the_config_and_name_its_fields():
     c = plan_config.get_config()
     assert (s.lr_rule, s.base_lr, s.budget_runs, s.initial_runs, s.tolerance) == (
         c.lr_rule, c.base_lr, c.budget_runs, c.initial_runs, c.tolerance)
-    assert _settings(target_accuracy=0.9, budget_runs=3).initial_runs == 3  # the first design fits the budget
+    with pytest.raises(ConfigError, match=r"invalid config\.initial_runs=8: at most config\.budget_runs=3"):
+        _settings(target_accuracy=0.9, budget_runs=3)  # the first design is part of the budget, not cut to it
     assert _settings(target_accuracy=0.9, minibatch_scale=None).minibatch_scale == 1.0
     assert planner.settings_from_config(c, target_accuracy=0.9, minibatch_scale=7.5).minibatch_scale == 7.5
     for field, value in [("target_accuracy", None), ("lr_rule", "cosine"), ("base_lr", 0.0), ("tolerance", 1.0),

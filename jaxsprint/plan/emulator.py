@@ -47,7 +47,7 @@ import optax
 
 from jaxsprint.train import data as data_lib
 from jaxsprint.emulation import staleness
-from jaxsprint.errors import check
+from jaxsprint.errors import ConfigError, check
 from jaxsprint.emulation.samplers import nonempty_staleness_pmf
 
 __all__ = ["LR_RULES", "MAX_STALENESS", "PROXY_MODELS", "CACHE_VERSION", "Emulator", "ProxyData", "RunCache",
@@ -59,6 +59,9 @@ LR_RULES = ("linear", "lr_tau", "none")
 MAX_STALENESS = 64          # ring buffer of the emulator: larger delays are lumped here by the model's pmf
 MAX_PROXY_MINIBATCH = 1024  # proxy mini-batches are clipped here (the draw's mass above is lumped)
 CACHE_VERSION = 2           # bump when a change to the emulation changes its results
+# Bounds of a run's settings: the seeds are vmapped (each with its delay ring of MAX_STALENESS + 1 gradients, see
+# `_memory_bytes`), a run is meant to take seconds to minutes, and the proxies are small networks.
+MAX_SEEDS, MAX_UPDATES, MAX_WIDTH = 256, 1_000_000, 65_536
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,6 +166,32 @@ def _apply(model: str, params, x: jax.Array, num_classes: int = 10, width: int =
     h = jax.nn.relu(conv(x, params["c1"], 1))
     h = jax.nn.relu(conv(h, params["c2"], 2))
     return jnp.mean(h, (1, 2)) @ params["w"] + params["b"]
+
+
+def _memory_bytes(data: ProxyData, model: str, width: int) -> int:
+    """Bytes one seed of a run holds, coarse and high: its parameters, gradient, momentum and the delay ring of
+    ``MAX_STALENESS + 1`` gradients (float32), and the activations of the largest proxy mini-batch."""
+    shapes = jax.eval_shape(lambda k: _init(model, k, data.image_size, data.channels, data.num_classes, width),
+                            jax.random.key(0))
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    acts = data.image_size ** 2 * (data.channels + width)
+    return 4 * (params * (MAX_STALENESS + 4) + MAX_PROXY_MINIBATCH * acts)
+
+
+def _check_memory(data: ProxyData, model: str, seeds: int, width: int) -> None:
+    from jaxsprint.train import memory
+
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" and hasattr(device, "memory_stats") else None
+    limit = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else memory.host_memory_bytes()
+    one = _memory_bytes(data, model, width)
+    if limit is None or seeds * one <= limit:
+        return
+    field, value = ("config.width", width) if one > limit else ("config.seeds", seeds)
+    raise ConfigError(field, value, f"a value for which the run fits in memory: {seeds} seeds x "
+                                    f"{one / 2**20:,.1f} MiB (the {model}'s weights with a delay ring of "
+                                    f"{MAX_STALENESS + 1} gradients, its activations), and this machine has "
+                                    f"{limit / 2**30:,.1f} GiB")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,9 +359,13 @@ class Emulator:
                  eval_every: int = 25, momentum: float = 0.9, weight_decay: float = 0.0, width: int = 64,
                  min_bucket: int = 1):
         check(model in PROXY_MODELS, "config.model", model, f"one of {', '.join(PROXY_MODELS)} (proxy networks)")
-        for field, v, lo in (("config.seeds", seeds, 1), ("config.max_updates", max_updates, 1),
-                             ("config.eval_every", eval_every, 1), ("config.width", width, 1)):
-            check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, field, v, f"an integer >= {lo}")
+        for field, v, most in (("config.seeds", seeds, MAX_SEEDS), ("config.max_updates", max_updates, MAX_UPDATES),
+                               ("config.eval_every", eval_every, MAX_UPDATES), ("config.width", width, MAX_WIDTH)):
+            check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most, field, v,
+                  f"an integer in [1, {most}]")
+        check(eval_every <= max_updates, "config.eval_every", eval_every,
+              f"at most config.max_updates={max_updates} (at least one evaluation in a run)")
+        _check_memory(data, model, seeds, width)
         check(0.0 <= momentum < 1.0, "config.momentum", momentum, "a number in [0, 1)")
         check(weight_decay >= 0.0 and math.isfinite(weight_decay), "config.weight_decay", weight_decay,
               "a finite number >= 0")

@@ -35,6 +35,12 @@ __all__ = ["Cell", "PlanSettings", "cell_from_result", "candidate_spec", "check_
            "run_plan", "settings_from_config", "spread_design"]
 
 
+# The size of a plan: each emulated run takes seconds to minutes, and every candidate is one gradient search, so
+# beyond these a plan runs for days; they are far above what a plan needs (docs/planning.md: 16 runs, 8 starts).
+MAX_RUNS = 1000          # budget_runs, runs_per_round, holdout cells
+MAX_SEARCH_STARTS = 1000
+
+
 def check_target_accuracy(value: Any) -> float:
     """``float(value)`` when in ``(0, 1]``, else a :class:`ConfigError` naming ``config.target_accuracy``."""
     try:
@@ -57,8 +63,8 @@ class PlanSettings:
       minibatch_scale: Cluster samples per proxy sample (resolved: the config's, or derived from the data).
       t_compute_cv: Coefficient of variation of the learners' compute time (the pmfs' jitter).
       tolerance: Relative band of SPRINT's rule around each mini-batch target.
-      budget_runs: Emulated runs at most (cached runs count as well: they are fitted too).
-      initial_runs: Runs of the space-filling first design (at most budget_runs).
+      budget_runs: Emulated runs at most (cached runs count as well: they are fitted too), at most `MAX_RUNS`.
+      initial_runs: Runs of the space-filling first design, at most budget_runs.
       runs_per_round: Runs added per round where the fit is least certain.
       search_starts: Starts of each gradient search.
     """
@@ -88,9 +94,13 @@ class PlanSettings:
               "config.t_compute_cv", self.t_compute_cv, "a number in [0, 2]")
         check(isinstance(self.tolerance, (int, float)) and 0.0 < self.tolerance < 1.0, "config.tolerance",
               self.tolerance, "a number > 0 and < 1")
-        for field in ("budget_runs", "initial_runs", "runs_per_round", "search_starts"):
+        for field, most in (("budget_runs", MAX_RUNS), ("initial_runs", MAX_RUNS), ("runs_per_round", MAX_RUNS),
+                            ("search_starts", MAX_SEARCH_STARTS)):
             v = getattr(self, field)
-            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"config.{field}", v, "an integer >= 1")
+            check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most, f"config.{field}", v,
+                  f"an integer in [1, {most}]")
+        check(self.initial_runs <= self.budget_runs, "config.initial_runs", self.initial_runs,
+              f"at most config.budget_runs={self.budget_runs} (the first design is part of the budget)")
 
 
 def settings_from_config(config: Any, **resolved: Any) -> PlanSettings:
@@ -105,9 +115,6 @@ def settings_from_config(config: Any, **resolved: Any) -> PlanSettings:
         raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
     if values["minibatch_scale"] is None:
         values["minibatch_scale"] = 1.0
-    budget, initial = values["budget_runs"], values["initial_runs"]
-    if isinstance(budget, int) and isinstance(initial, int) and budget >= 1:
-        values["initial_runs"] = min(initial, budget)
     settings = PlanSettings(**values)
     settings.validate()
     return settings

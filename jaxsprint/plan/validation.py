@@ -35,7 +35,8 @@ from jaxsprint.plan import emulator
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.plan import law as plan_lib
 
-__all__ = ["compare", "emulated_spec", "measure", "parse_configs", "runtime_config", "updates_from_history"]
+__all__ = ["check_runtime_configs", "compare", "emulated_spec", "measure", "parse_configs", "runtime_config",
+           "updates_from_history"]
 
 
 def parse_configs(text: Sequence[str]) -> list[tuple[int, int, float]]:
@@ -81,6 +82,36 @@ def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: 
         s.eval_deferred = True
         s.warmup_s = 0.0  # every update counts: the statistics must describe the whole run to the target
     return c
+
+
+# The plan config's field behind each SPRINT field that `runtime_config` sets (the errors name the user's field).
+_FIELDS = {"config.sprint.learners_per_host": "config.runtime_configs",
+           "config.sprint.sub_batch": "config.runtime_configs",
+           "config.sprint.network_time_s": "config.runtime_configs",
+           "config.sprint.num_updates": "config.runtime_updates",
+           "config.sprint.eval_every_updates": "config.eval_every",
+           "config.lr.base": "config.base_lr", "config.optimizer.momentum": "config.momentum"}
+
+
+def check_runtime_configs(base: Any, configs: Sequence[tuple[int, int, float]], num_local_devices: int,
+                          **kwargs: Any) -> None:
+    """Checks the runtime run of every configuration (`runtime_config` of `base` with `kwargs`) as
+    :func:`jaxsprint.runtime.validate_config` would, this host's bounds included, before any runs.
+
+    Raises:
+      ConfigError: naming the plan config's field (``config.runtime_configs`` for a configuration's learners,
+        sub-batch or network time).
+    """
+    from jaxsprint import runtime
+
+    for n, b, t in configs:
+        try:
+            runtime.validate_config(runtime_config(base, learners=n, sub_batch=b, network_time_s=t, **kwargs),
+                                    num_local_devices)
+        except ConfigError as e:
+            field = _FIELDS.get(e.field, e.field)
+            value = f"{n}:{b}:{t:g}" if field == "config.runtime_configs" else e.value
+            raise ConfigError(field, value, f"{e.allowed} (as {e.field} of its runtime run)") from None
 
 
 def updates_from_history(history: Sequence[tuple[int, Mapping[str, float]]], target: float) -> float | None:

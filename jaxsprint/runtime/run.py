@@ -40,7 +40,7 @@ from jaxsprint import paths
 from jaxsprint.train import checkpoint, cpu, models, optim, pipeline, polish, trainer
 from jaxsprint.train import data as data_lib
 from jaxsprint.errors import ConfigError, check, is_int, is_real
-from jaxsprint.runtime import collective as collective_lib
+from jaxsprint.runtime import bounds, collective as collective_lib
 from jaxsprint.runtime.buffer import Control, NodeBuffer, Published
 from jaxsprint.runtime.learner import POLL_S, Learner, SubBatches, make_gradient_fn
 from jaxsprint.runtime.updater import StopRule, Updater, make_apply_fn, nominal_hparams
@@ -140,6 +140,7 @@ def validate_config(config, num_local_devices: int) -> None:
           "an integer number of seconds >= 1")
     eb = config.eval_batch_size
     check(is_int(eb) and eb >= 1, "config.eval_batch_size", eb, "an integer >= 1")
+    bounds.check_host(config, num_local_devices)  # threads, memory and times this host can hold
 
 
 @dataclasses.dataclass
