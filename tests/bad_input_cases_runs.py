@@ -1,13 +1,12 @@
 """Bad inputs of the launchers that run SPRINT or plan with it (run_sprint, plan, validate_runtime,
 calibrate_runtime, study_emulator), for ``tests/test_bad_inputs.py``: launcher -> [(argv, the field the error
-line must name)], and the scratch files they name (:func:`write_inputs`).
+line must name)]; the scratch files they name are written by ``tests/bad_input_files.py``.
 
 Paths are relative to the scratch directory the launchers run in. Every base argument list names outputs
 inside it (a workdir, a cache directory, an output prefix), so that a case that wrongly writes is seen.
 """
 from __future__ import annotations
 
-import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -338,25 +337,12 @@ CASES = {
 }
 
 
-def write_inputs(d) -> None:
-    """The scratch files these cases name, in the directory `d` (a ``pathlib.Path``), beside those of
-    ``tests/test_bad_inputs.py`` (``w/``, ``afile``, ``not_json.json``, ``list.json``, ...)."""
-    import numpy as np
-
-    from jaxsprint.runtime import events
-
-    events.save(str(d / "good_events.npz"), events.simulate_log(2, 0.01, 0.02, 0.3, 0.2, duration_s=2.0,
-                                                               warmup_s=0.5, sub_batch=8, seed=0))
-    np.savez(d / "not_events.npz", a=np.zeros(3))
-    (d / "results_no_runs.json").write_text(json.dumps({"runs": []}))
-    (d / "results_bad_run.json").write_text(json.dumps({"runs": [{"name": "x", "measured": {}}]}))
-    (d / "cal_meas.json").write_text(json.dumps({"format": "something-else"}))
-
-
 def train_cases():
     """experiments/train.py's cases of the resume and profiling fields (the rest: tests/test_bad_inputs.py)."""
     t = [f"--config={TESTING}", "--workdir=w"]
-    return [(t + [C + arg], field) for arg, field in [
+    unwritable = [*_unwritable(lambda p: [f"--config={TESTING}", f"--workdir={p}"], "--workdir"),
+                  *_unwritable(lambda p: [f"--config={TESTING}", f"--workdir={p}/sub"], "--workdir")]
+    return unwritable + [(t + [C + arg], field) for arg, field in [
         ("resume_allow_changes=nope", "config.resume_allow_changes"),
         ("resume_allow_changes=(1,)", "config.resume_allow_changes"),
         ("resume_allow_changes=lr.nope", "config.resume_allow_changes"),

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 import bad_input_cases_runs
+import bad_input_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "bad_input_driver.py")
@@ -421,77 +423,11 @@ CASES = {
 # The scratch directory: the inputs the cases name.
 
 
-def _good_measurements() -> dict:
-    steps = [dict(model=m, batch=b, measured_s=0.001 * b * (1 + i))
-             for i, m in enumerate(("resnet8", "resnet20", "resnet32", "resnet56")) for b in (4, 8, 16, 32, 64)]
-    ars = [dict(bytes=n, ranks=r, measured_s=1e-4 + n * 1e-9 * r) for n in (4096, 65536) for r in (2, 3)]
-    return {"measurements": {"steps": steps, "allreduces": ars}}
-
-
-def _bad_measurements() -> dict[str, dict]:
-    def edit(fn):
-        d = _good_measurements()
-        fn(d["measurements"])
-        return d
-
-    out = {
-        "meas_missing_key": edit(lambda m: m["steps"][0].pop("batch")),
-        "meas_unknown_model": edit(lambda m: m["steps"][0].update(model="resnet7")),
-        "meas_batch_text": edit(lambda m: m["steps"][1].update(batch="four")),
-        "meas_batch_zero": edit(lambda m: m["steps"][1].update(batch=0)),
-        "meas_one_rank": edit(lambda m: m["allreduces"][0].update(ranks=1)),
-        "meas_time_negative": edit(lambda m: m["steps"][2].update(measured_s=-0.5)),
-        "meas_time_nan": edit(lambda m: m["allreduces"][1].update(measured_s=float("nan"))),
-        "meas_bytes_zero": edit(lambda m: m["allreduces"][1].update(bytes=0)),
-        "meas_steps_not_list": edit(lambda m: m.update(steps={"a": 1})),
-        "meas_record_not_dict": edit(lambda m: m["steps"].append(3)),
-        "meas_ranks_text": edit(lambda m: m["allreduces"][0].update(ranks="two")),
-        "meas_no_steps": edit(lambda m: m.update(steps=[])),
-        "meas_records_missing_shape": {"records": [{"measured_s": 0.1}]},
-    }
-    return out
-
-
-def _preset(**figures) -> dict:
-    """A preset file's JSON as experiments/calibrate.py writes it, with `figures` changed."""
-    from jaxsprint.perf import machines, presets
-
-    m = machines.get("cpu")
-    data = dict(format=presets.PRESET_FORMAT, name="test", description="test",
-                figures={f: float(getattr(m, f)) for f in machines.FIELDS}, sources=dict(m.sources))
-    data["figures"].update(figures)
-    for k, v in figures.items():
-        if v is None:
-            del data["figures"][k]
-    return data
-
-
-def _write(path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
-
-
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    """The directory every launcher runs in, with the inputs the cases name."""
+    """The directory every launcher runs in, with the inputs the cases name (tests/bad_input_files.py)."""
     d = tmp_path_factory.mktemp("bad_inputs")
-    (d / "w").mkdir()
-    (d / "w" / "keep.txt").write_text("earlier results")
-    (d / "afile").write_text("a file, not a directory")
-    (d / "run" / "checkpoints").mkdir(parents=True)   # polish: checked before any checkpoint is read
-    _write(d / "broken_config.py", "def get_config(:\n")
-    _write(d / "no_get_config.py", "X = 1\n")
-    _write(d / "bad_figure.json", _preset(peak_flops_per_s="fast"))
-    _write(d / "nan_figure.json", _preset(peak_flops_per_s=float("nan")))
-    _write(d / "missing_figure.json", _preset(peak_flops_per_s=None))
-    _write(d / "not_json.json", "{not json")
-    _write(d / "wrong_format.json", {"format": "something-else"})
-    _write(d / "list.json", [1, 2, 3])
-    _write(d / "good_meas.json", _good_measurements())
-    for name, data in _bad_measurements().items():
-        _write(d / "bad" / f"{name}.json", data)
-    _write(d / "bad_results.json", "{truncated")
-    bad_input_cases_runs.write_inputs(d)
+    bad_input_files.write_scratch(d)
     return d
 
 
@@ -514,11 +450,10 @@ def _start_driver(scratch, tag: str, launcher: str, cases) -> tuple[subprocess.P
 def _finish_driver(proc: subprocess.Popen, out_path) -> dict[str, dict]:
     try:
         _, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # stopped, naming the case it was in
         proc.kill()
-        _, err = proc.communicate()
-        started = [x for x in err.splitlines() if x.startswith("case ")]
-        pytest.fail(f"the driver outlived {TIMEOUT_S} s, in {started[-1] if started else 'its start'}")
+        started = [x for x in proc.communicate()[1].splitlines() if x.startswith("case ")] or ["its start"]
+        pytest.fail(f"the driver outlived {TIMEOUT_S} s, in {started[-1]}")
     assert proc.returncode == 0, err[-3000:]
     return {x["id"]: x for x in json.loads(out_path.read_text())}
 
@@ -527,12 +462,13 @@ def _finish_driver(proc: subprocess.Popen, out_path) -> dict[str, dict]:
 def driven(scratch) -> dict[str, dict[str, dict]]:
     """Every launcher's cases, one driver process per launcher, all started at once: launcher -> id -> result.
 
-    The launchers share the scratch directory; a case that wrongly writes shows up in its own result (and can
-    disturb later cases, which then fail too)."""
+    Each launcher runs in its own copy of the scratch directory (an output check's probe directory would show
+    in a launcher beside it); a case that wrongly writes shows in its own result (and in later ones)."""
     procs = {}
     try:
         for launcher, cases in CASES.items():
-            procs[launcher] = _start_driver(scratch, launcher, launcher, cases)
+            own = shutil.copytree(scratch, scratch.parent / f"scratch-{launcher}", symlinks=True)
+            procs[launcher] = _start_driver(own, launcher, launcher, cases)
         return {launcher: _finish_driver(*procs[launcher]) for launcher in CASES}
     finally:
         for proc, _ in procs.values():
@@ -581,7 +517,9 @@ def test_cases_are_distinct_and_many():
 
 # One process per case: the exit status and the error line are the driver's.
 # validate_model.py 15: an override naming no field of the default config file, refused as the flag is defined.
-_REAL = [("train.py", 0), ("predict.py", 0), ("calibrate.py", 4), ("validate_model.py", 15)]
+# run_sprint.py 2: 100,000 learner threads; plan.py 71: initial_runs above budget_runs.
+_REAL = [("train.py", 0), ("predict.py", 0), ("calibrate.py", 4), ("validate_model.py", 15), ("run_sprint.py", 2),
+         ("plan.py", 71)]
 
 
 @pytest.mark.parametrize("launcher,index", _REAL)
