@@ -56,5 +56,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.sprint.seed = 0                # model init, data order and augmentation
     c.sprint.checkpoint = True       # save the last weights with orbax (process 0)
     c.sprint.join_timeout_s = 120.0  # bound on every wait for a thread (a learner's gradient, the updater)
-    c.sprint.init_timeout_s = 60     # jax.distributed start-up bound (runtime.initialize_distributed)
+    c.sprint.init_timeout_s = 60     # jax.distributed start-up bound (jaxsprint.cluster.initialize)
     return c

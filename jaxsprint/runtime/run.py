@@ -271,7 +271,7 @@ def _save_checkpoint(workdir, b: _Built, step: int, variables: dict, opt_state, 
 def run(config, workdir: str, *, learner_time_fn: Callable[[int, int], float] | None = None) -> RunResult:
     """Runs SPRINT as `config` says and writes the event log, a summary and the last weights to `workdir`.
 
-    Under ``jax.distributed`` (one process per host; `jaxsprint.runtime.initialize_distributed`) every
+    Under ``jax.distributed`` (one process per host; `jaxsprint.cluster.initialize`) every
     process calls it with the same config; their updaters all-reduce each cycle and end with identical
     weights. See the module docstring for the steps and `RunResult` for what comes back.
 
