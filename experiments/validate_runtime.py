@@ -25,7 +25,9 @@ The specs prediction (``specs``): ``loo`` (the default) predicts each run with t
 runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset`` uses the preset as it is.
 ``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out and recomputes
 both predictions with the current model and preset (the specs one from the config with the overrides saved in
-``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run.
+``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run
+(not those of the fields a grid entry sets: ``learners_per_host``, ``sub_batch``, ``network_time_s``, the
+stops and the warm-up), and every run's config is checked before the first starts.
 """
 import copy
 import csv
