@@ -122,10 +122,20 @@ def _machine():
     return machine, host.load_host(machine, name, _MACHINE_FILE.value)
 
 
+def _stdout_for_json():
+    """A file on the original standard output, with file descriptor 1 sent to standard error from now on, so
+    that what native libraries print on stdout (gloo's "[Gloo] Rank 0 is connected ...") stays out of the JSON."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
+
+
 def main(argv):
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides flags")
     _check_flags()
+    json_out = _stdout_for_json() if _JSON.value else None
     specs = _SPECS.value and _CONFIG.value is not None
     if specs:
         _check_machine()
@@ -184,7 +194,7 @@ def main(argv):
     if _JSON.value:
         out = compare.report(measured, predictions)
         out["eval_accuracy"] = compare.jsonable(eval_accuracy)
-        print(json.dumps(out, allow_nan=False))
+        print(json.dumps(out, allow_nan=False), file=json_out, flush=True)
     else:
         print(compare.format_table(measured, predictions))
         if eval_accuracy is not None:
