@@ -59,7 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The budget of emulated runs: a space-filling first design, then runs where the law is least certain.
     c.budget_runs = 16              # emulated runs at most (cached ones included)
-    c.initial_runs = 8              # runs of the first, space-filling design
+    c.initial_runs = 8              # runs of the first, space-filling design (at most budget_runs)
     c.runs_per_round = 2            # runs added per round where the fit is least certain
     c.cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "jaxsprint", "plan")  # "" keeps nothing
     c.holdout = 0                   # after the plan, emulate this many held-out cells and report the law's error

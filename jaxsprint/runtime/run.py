@@ -81,7 +81,8 @@ def validate_config(config, num_local_devices: int) -> None:
     and ``warmup_s`` (finite, >= 0), ``lockstep`` (bool), ``duration_s`` / ``num_updates`` / ``num_epochs``
     (each >= 0, at least one > 0), ``eval_every_updates`` and ``schedule_updates`` (integers >= 0 / >= 1),
     ``eval_deferred`` (bool; True needs ``num_updates`` > 0, so that the kept weights are bounded),
-    ``seed`` (an integer in [0, 2^31)), ``join_timeout_s`` (> 0), ``init_timeout_s`` (an integer >= 1).
+    ``seed`` (an integer in [0, 2^31)), ``join_timeout_s`` (> 0), ``init_timeout_s`` (an integer >= 1); then
+    what the host can start (`jaxsprint.runtime.bounds`: learner threads, memory, times).
 
     Raises:
       ConfigError: naming the first bad field.
