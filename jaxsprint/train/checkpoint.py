@@ -291,10 +291,24 @@ def restore(mgr: ocp.CheckpointManager, state: Any, extra_template: dict | None 
     template = {"state": flax.serialization.to_state_dict(state)}
     if extra_template:
         template.update(extra_template)
+    restored, step, skipped = _newest_readable(mgr, steps, resume,
+                                               lambda s: _restore_step(mgr, s, template, iterator))
+    if skipped:
+        _set_aside(mgr, skipped)
+    new_state = flax.serialization.from_state_dict(state, restored.pop("state"))
+    return new_state, restored, step
+
+
+def _newest_readable(mgr, steps, resume: str, read) -> tuple[Any, int, list[int]]:
+    """``(read(step), step, the newer steps skipped)`` for the newest of `steps` that `read` can read.
+
+    With ``resume="latest"`` the first unreadable step is a CheckpointError naming it; with "latest_good" it is
+    skipped with a warning, and a CheckpointError comes only when none can be read.
+    """
     skipped = []
     for step in steps:
         try:
-            restored = _restore_step(mgr, step, template, iterator)
+            return read(step), step, skipped
         except _Unreadable as e:
             if resume != "latest_good":
                 raise CheckpointError("checkpoint step", step, f"in {mgr.directory}, {e}; config.resume="
@@ -302,11 +316,6 @@ def restore(mgr: ocp.CheckpointManager, state: Any, extra_template: dict | None 
                                       ) from None
             logging.warning("checkpoint step %d cannot be read, trying an older one: %s", step, e)
             skipped.append(step)
-            continue
-        if skipped:
-            _set_aside(mgr, skipped)
-        new_state = flax.serialization.from_state_dict(state, restored.pop("state"))
-        return new_state, restored, step
     raise CheckpointError(f"checkpoints in {mgr.directory}", skipped, "none of them can be read")
 
 
@@ -346,24 +355,16 @@ def restore_variables(workdir: str | os.PathLike, template: dict, *, resume: str
                                                                       partial_restore=True)})
     prefixes = tuple(f"state/{k}/" for k in _VARIABLES)
     with ocp.CheckpointManager(directory(workdir), options=ocp.CheckpointManagerOptions(create=False)) as mgr:
-        skipped = []
-        for step in sorted(mgr.all_steps(), reverse=True):
+        def read(step):
+            saved = {p: v for p, v in _saved_table(mgr, step).items() if p.startswith(prefixes)}
+            _check_matches(mgr, step, saved, expected)
             try:
-                saved = {p: v for p, v in _saved_table(mgr, step).items() if p.startswith(prefixes)}
-                _check_matches(mgr, step, saved, expected)
-                try:
-                    state = mgr.restore(step, args=args)[_STATE_ITEM]["state"]
-                except Exception as e:
-                    raise _Unreadable(f"it cannot be read ({_short(e)})") from e
-            except _Unreadable as e:
-                if resume != "latest_good":
-                    raise CheckpointError("checkpoint step", step, f"in {mgr.directory}, {e}; config.resume="
-                                          "'latest_good' falls back to the newest checkpoint that can be read"
-                                          ) from None
-                logging.warning("checkpoint step %d cannot be read, trying an older one: %s", step, e)
-                skipped.append(step)
-                continue
-            return state["params"], state.get("batch_stats", template["batch_stats"]), step
-        if skipped:
-            raise CheckpointError(f"checkpoints in {mgr.directory}", skipped, "none of them can be read")
-    return None
+                return mgr.restore(step, args=args)[_STATE_ITEM]["state"]
+            except Exception as e:
+                raise _Unreadable(f"it cannot be read ({_short(e)})") from e
+
+        steps = sorted(mgr.all_steps(), reverse=True)
+        if not steps:
+            return None
+        state, step, _ = _newest_readable(mgr, steps, resume, read)
+        return state["params"], state.get("batch_stats", template["batch_stats"]), step
