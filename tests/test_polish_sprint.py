@@ -114,7 +114,7 @@ _WORKER = textwrap.dedent("""
     import numpy as np
     from jaxsprint import cluster, runtime
     port, rank, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    cluster.initialize(f"127.0.0.1:{port}", 2, rank, timeout_s=60, env={})
+    cluster.initialize(f"127.0.0.1:{port}", 2, rank, timeout_s=60)
     from tests.test_polish_sprint import _config
     r = runtime.run(_config(num_updates=6, network_time_s=0.01), workdir)
     np.save(f"{workdir}/params_{rank}.npy", r.params_flat)
