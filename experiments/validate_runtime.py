@@ -34,7 +34,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -44,8 +43,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxsprint import cli, subprocs  # noqa: E402
-from jaxsprint.errors import ConfigError, check  # noqa: E402
+from experiments import runtime_runs  # noqa: E402
+from experiments.runtime_runs import plan_duration  # noqa: E402
+from jaxsprint import cli  # noqa: E402
+from jaxsprint.calibration import grids  # noqa: E402
+from jaxsprint.errors import ConfigError, check, is_int  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEFAULT_CONFIG = os.path.join(_HERE, "configs", "validate_runtime.py")
@@ -57,36 +59,12 @@ _QUICK = flags.DEFINE_bool("quick", False, "A tiny grid (2 runs of a tiny model,
 _DRY = flags.DEFINE_bool("dry_run", False, "Print the plan and its estimated time; run nothing.")
 _REANALYSE = flags.DEFINE_bool("reanalyse", False, "Re-analyse the saved runs under --out with the current model "
                                "and preset; run nothing.")
-_GRIDS, _SPECS_KINDS, _UPDATER_DEVICES = ("validation", "calibration"), ("loo", "preset"), ("shared", "own")
+_GRIDS, _SPECS_KINDS, _UPDATER_DEVICES = ("validation", "calibration", "random"), ("loo", "preset"), grids.PLACEMENTS
 
-# (name, hosts, learners per host, sub-batch, emulated network ms), chosen for T_u/T_c from about 0.1 to 10
-# on 2 cores (learners beyond the cores time-share them, so T_c grows with all processes' learners).
-GRID = (
-    ("h1_l1_b8_n20", 1, 1, 8, 20), ("h1_l1_b128_n5", 1, 1, 128, 5), ("h1_l2_b8_n50", 1, 2, 8, 50),
-    ("h1_l2_b64_n10", 1, 2, 64, 10), ("h1_l4_b32_n30", 1, 4, 32, 30), ("h1_l4_b16_n100", 1, 4, 16, 100),
-    ("h1_l8_b32_n10", 1, 8, 32, 10), ("h1_l8_b128_n50", 1, 8, 128, 50), ("h1_l8_b8_n20", 1, 8, 8, 20),
-    ("h2_l1_b32_n0", 2, 1, 32, 0), ("h2_l1_b8_n50", 2, 1, 8, 50), ("h2_l2_b32_n20", 2, 2, 32, 20),
-    ("h2_l4_b64_n100", 2, 4, 64, 100), ("h2_l2_b128_n5", 2, 2, 128, 5),
-    # two-host runs that pin the two-host updater: without network time (the updaters' collectives busy on
-    # the cores) and with 20 ms (an updater waits for its partner), sub-batch 8-128, 1-4 learners per host
-    ("h2_l1_b8_n0", 2, 1, 8, 0), ("h2_l1_b128_n20", 2, 1, 128, 20), ("h2_l2_b8_n0", 2, 2, 8, 0),
-    ("h2_l2_b64_n0", 2, 2, 64, 0), ("h2_l4_b16_n20", 2, 4, 16, 20), ("h2_l4_b128_n0", 2, 4, 128, 0),
-)
-# The calibration's runs: configurations of the same ranges that are not in GRID (1-8 learners per host, 1 and 2
-# hosts, sub-batch 8-128, network 0-50 ms), three of them with two hosts (they fix the two-host stretch).
-CALIBRATION_GRID = (
-    ("cal_h1_l1_b32_n0", 1, 1, 32, 0), ("cal_h1_l2_b16_n20", 1, 2, 16, 20), ("cal_h1_l2_b128_n0", 1, 2, 128, 0),
-    ("cal_h1_l4_b8_n10", 1, 4, 8, 10), ("cal_h1_l4_b64_n20", 1, 4, 64, 20), ("cal_h1_l8_b16_n50", 1, 8, 16, 50),
-    ("cal_h1_l8_b64_n0", 1, 8, 64, 0), ("cal_h2_l1_b64_n10", 2, 1, 64, 10), ("cal_h2_l2_b16_n0", 2, 2, 16, 0),
-    ("cal_h2_l4_b32_n50", 2, 4, 32, 50),
-)
-QUICK_GRID = (("quick_h1_l2", 1, 2, 8, 10), ("quick_h2_l1", 2, 1, 8, 10))
 QUICK_OVERRIDES = ("--config.model=tiny", "--config.image_size=8")
 QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
 _OWN_UPDATER = "--config.sprint.updater_device=own"
-_SET_BY_GRID = tuple(f"config.sprint.{f}" for f in ("learners_per_host", "sub_batch", "network_time_s", "duration_s",
-                                                     "num_updates", "num_epochs", "warmup_s", "checkpoint",
-                                                     "eval_every_updates"))  # by run_config
+_SET_BY_GRID = runtime_runs.SET_BY_ENTRY
 _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
@@ -100,86 +78,33 @@ def _config_overrides() -> list[str]:
     return [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.validation.")]
 
 
-def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
-                  max_duration_s: float, margin: float = 1.3) -> float:
-    """Run length for ``min_gradients`` gradients (``N / T_c`` per second) and ``min_updates`` updates
-    (``1 / T_u`` per second) after the warm-up, with a margin; at most ``max_duration_s``."""
-    need = max(min_gradients * tc / n, min_updates * tu)
-    return float(min(max_duration_s, warmup_s + margin * need + 1.0))
-
-
 def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
     """Specs estimates of ``(T_c, T_u)`` per configuration (the plan of the durations)."""
     from jaxsprint.calibration import compare
 
     network = compare.network_cost(config)
     out = {}
-    for name, hosts, lph, b, net_ms in grid:
-        tc, tu, _, _ = compare.spec_times(network, *machine, learners_per_host=lph, num_hosts=hosts, sub_batch=b,
-                                          network_time_s=net_ms / 1e3)
-        out[name] = (tc, tu)
+    for e in grid:
+        tc, tu, _, _ = compare.spec_times(network, *machine, learners_per_host=e.learners_per_host,
+                                          num_hosts=e.hosts, sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
+                                          updater_device=e.updater_device or "shared")
+        out[e.name] = (tc, tu)
     return out
 
 
-def run_config(entry, workdir: str, *, duration_s: float, warmup_s: float, overrides: list[str],
+def run_config(entry: grids.Entry, workdir: str, *, duration_s: float, warmup_s: float, overrides: list[str],
                timeout_s: float) -> dict:
-    """One run of experiments/run_sprint.py --json for a grid entry (two processes for two hosts).
-
-    Returns process 0's JSON. Raises RuntimeError when a process fails (with its last stderr line) or
-    outlives ``timeout_s`` (all are killed).
-    """
-    name, hosts, lph, b, net_ms = entry
-    os.makedirs(workdir, exist_ok=True)
-    args = [sys.executable, os.path.join(_HERE, "run_sprint.py"), "--json", f"--config={config_flags.get_config_filename(flags.FLAGS['config'])}",
-            *overrides, f"--config.sprint.learners_per_host={lph}", f"--config.sprint.sub_batch={b}",
-            f"--config.sprint.network_time_s={net_ms / 1e3}", f"--config.sprint.duration_s={duration_s}",
-            "--config.sprint.num_updates=0", "--config.sprint.num_epochs=0.0",
-            f"--config.sprint.warmup_s={warmup_s}", "--config.sprint.checkpoint=False",
-            "--config.sprint.eval_every_updates=0"]
+    """:func:`experiments.runtime_runs.run_entry` with this command's config file and machine preset."""
     v = _CONFIG.value.validation
-    args.append(f"--machine_file={v.machine_file}" if v.machine_file else f"--machine={v.machine}")
-    own = _OWN_UPDATER in overrides  # one more device per process, the updater's
-    if own:
-        args.append(f"--config.sprint.devices={lph}")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={lph + 1 if own else lph}")
-    port = subprocs.coordinator_port() if hosts > 1 else None
-    procs, files = [], []
-    try:
-        for p in range(hosts):
-            extra = [] if hosts == 1 else [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={hosts}",
-                                           f"--process_id={p}"]
-            out = open(os.path.join(workdir, f"stdout{p}.txt"), "w")
-            err = open(os.path.join(workdir, f"stderr{p}.txt"), "w")
-            files += [out, err]
-            procs.append(subprocess.Popen(args + [f"--workdir={workdir}"] + extra, stdout=out, stderr=err, env=env))
-        deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"run {name} did not finish within --run_timeout_s={timeout_s} (stopped)") from None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for f in files:
-            f.close()
-    for p, proc in enumerate(procs):
-        if proc.returncode != 0:
-            with open(os.path.join(workdir, f"stderr{p}.txt")) as fh:
-                lines = [ln for ln in fh.read().strip().splitlines() if ln.strip()]
-            raise RuntimeError(f"run {name} process {p} failed (exit {proc.returncode}): "
-                               f"{lines[-1] if lines else 'no message'}")
-    with open(os.path.join(workdir, "stdout0.txt")) as fh:
-        line = next((ln for ln in fh.read().splitlines() if ln.startswith("{")), None)
-    if line is None:
-        raise RuntimeError(f"run {name} printed no JSON (see {workdir}/stdout0.txt)")
-    return json.loads(line)
+    return runtime_runs.run_entry(entry, workdir, config_file=config_flags.get_config_filename(flags.FLAGS["config"]),
+                                  overrides=overrides, machine_args=[f"--machine_file={v.machine_file}" if
+                                                                     v.machine_file else f"--machine={v.machine}"],
+                                  duration_s=duration_s, warmup_s=warmup_s, timeout_s=timeout_s)
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Median and 90th percentile of each absolute error over the runs, from timings and from specs."""
+    """Median and 90th percentile of each absolute error over the runs, from timings and from specs
+    (``n``: the runs counted)."""
     from jaxsprint.calibration import compare
 
     out = {}
@@ -189,12 +114,20 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def summarize_by_placement(rows: list[dict]) -> dict | None:
+    """:func:`summarize` of the runs of each updater placement (``shared``, ``own``), where the rows hold both
+    (a random grid's); else None."""
+    where = [p for p in grids.PLACEMENTS if any(r.get("updater_device") == p for r in rows)]
+    return {p: summarize([r for r in rows if r.get("updater_device") == p]) for p in where} if len(where) > 1 \
+        else None
+
+
 def _csv_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         m = r["measured"]
         row = dict(name=r["name"], hosts=r["hosts"], learners_per_host=r["learners_per_host"], sub_batch=r["sub_batch"],
-                   network_ms=r["network_ms"], duration_s=r["duration_s"], t_compute_ms=1e3 * m["t_compute_s"],
+                   network_ms=r["network_ms"], updater_device=r.get("updater_device"), duration_s=r["duration_s"], t_compute_ms=1e3 * m["t_compute_s"],
                    t_compute_cv=m["t_compute_cv"], t_update_ms=1e3 * m["t_update_s"], t_update_cv=m["t_update_cv"],
                    ratio_tu_tc=m["t_update_s"] / m["t_compute_s"], gradients=m["gradients"], updates=m["updates"],
                    in_flight=m["in_flight"], images_per_s=m["images_per_s"], eval_accuracy=r.get("eval_accuracy"))
@@ -214,8 +147,17 @@ def _tv(v) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
 
-def markdown(rows: list[dict], summary: dict) -> str:
-    """The per-configuration table and the summary (medians, 90th percentiles) in markdown."""
+def _stat_cells(summary: dict, source: str, stat: str) -> str:
+    cells = []
+    for _, key in _METRICS:
+        v = summary[f"{source}.{key}"][stat]
+        cells.append(_tv(v) if "_tv" in key else ("-" if not math.isfinite(v) else f"{100 * v:.1f}%"))
+    return " | ".join(cells)
+
+
+def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) -> str:
+    """The per-configuration table and the summary (medians, 90th percentiles) in markdown, then the summary of
+    each updater placement (`by_placement`, :func:`summarize_by_placement`) where given."""
     head = ("| config | T_c ms (cv) | T_u ms (cv) | T_u/T_c | grads | updates | source | epoch | mini-batch | "
             "staleness | TV mini-batch (floor; two-moment) | TV staleness (floor) |")
     lines = [head, "|" + "---|" * 12]
@@ -234,11 +176,16 @@ def markdown(rows: list[dict], summary: dict) -> str:
               + "---|" * len(_METRICS)]
     for source in ("timings", "specs"):
         for stat in ("median", "p90"):
-            cells = []
-            for _, key in _METRICS:
-                v = summary[f"{source}.{key}"][stat]
-                cells.append(_tv(v) if "_tv" in key else ("-" if not math.isfinite(v) else f"{100 * v:.1f}%"))
-            lines.append(f"| {source} | {stat} of the absolute values | " + " | ".join(cells) + " |")
+            lines.append(f"| {source} | {stat} of the absolute values | {_stat_cells(summary, source, stat)} |")
+    if by_placement:
+        lines += ["", "| updater placement (runs) | source | statistic | " + " | ".join(label for label, _ in _METRICS)
+                  + " |", "|---|---|---|" + "---|" * len(_METRICS)]
+        for where, part in by_placement.items():
+            for source in ("timings", "specs"):
+                n = part[f"{source}.epoch_time_rel_error"]["n"]
+                for stat in ("median", "p90"):
+                    lines.append(f"| {where} ({n}) | {source} | {stat} of the absolute values | "
+                                 f"{_stat_cells(part, source, stat)} |")
     coupled = [r for r in rows if r.get("count_coupling")]
     if coupled:  # events.count_coupling: what the model's independent learners would give as 1 and 1
         lines += ["", "| config | count slope / arrival rate | count variance: updater cycles | random windows | "
@@ -305,6 +252,19 @@ def _override(config, overrides: list[str]):
     return config
 
 
+def _placement(run_dir: str, row: dict, overrides: list[str]) -> str:
+    """The updater placement of a saved run: its workdir's config.json, else its row of the old results.json,
+    else the grid's overrides (``own`` with :data:`_OWN_UPDATER`, else the config's default, ``shared``)."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as fh:
+            where = json.load(fh)["sprint"]["updater_device"]
+        if where in grids.PLACEMENTS:
+            return where
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return row.get("updater_device") or ("own" if _OWN_UPDATER in overrides else "shared")
+
+
 def reanalyse(out: str, config, machine, overrides: list[str] | None = None, specs: str = "preset"
               ) -> tuple[list[dict], list[dict]]:
     """Rows of :func:`main`'s ``results.json`` recomputed from every ``out/runs/<name>/events.npz``.
@@ -344,17 +304,19 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
             print(f"{name}: FAILED: {e}", flush=True)
             failures.append({"name": name, "error": str(e)})
     names = [n for n in names if n in stats]
+    where = {n: _placement(os.path.join(runs_dir, n), before.get(n, {}), overrides) for n in names}
     machines = {n: machine for n in names}
     if specs == "loo" and len(names) >= 2:
-        runs = [host_fit.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n})
-                for n in names]
+        runs = [host_fit.RuntimeRun.from_record({**stats[n], "hosts": stats[n]["num_hosts"], "label": n,
+                                                 "updater_device": where[n]}) for n in names]
         machines = dict(zip(names, host_fit.cross_validate(*machine, network, runs)))
     for name in names:
         try:
             m = stats[name]
             cfg = _override(base, [f"--config.sprint.learners_per_host={m['learners_per_host']}",
                                    f"--config.sprint.sub_batch={m['sub_batch']}",
-                                   f"--config.sprint.network_time_s={m['network_time_s']}"])
+                                   f"--config.sprint.network_time_s={m['network_time_s']}",
+                                   f"--config.sprint.updater_device={where[name]}"])
             preds = {"timings": compare.predict_from_timings(m),
                      "specs": compare.predict_from_specs(*machines[name], network, cfg, num_hosts=m["num_hosts"],
                                                          learners_per_host=m["learners_per_host"],
@@ -369,21 +331,25 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
         res["count_coupling"] = coupling[name]
         rows.append(dict(name=name, hosts=m["num_hosts"], learners_per_host=m["learners_per_host"],
                          sub_batch=m["sub_batch"], network_ms=1e3 * m["network_time_s"],
+                         updater_device=where[name],
                          duration_s=prev.get("duration_s", m["t_stop_s"]), **res))
     return rows, failures
 
 
 def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str]) -> None:
     """results.json, results.csv, summary.md and errors.png of the rows; prints the summary."""
-    summary = summarize(rows)
+    summary, by_placement = summarize(rows), summarize_by_placement(rows)
+    data = {"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}
+    if by_placement:
+        data["summary_by_placement"] = by_placement
     with open(os.path.join(out, "results.json"), "w") as fh:
-        json.dump({"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}, fh, indent=1)
+        json.dump(data, fh, indent=1)
     table = _csv_rows(rows)
     with open(os.path.join(out, "results.csv"), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)
-    md = markdown(rows, summary)
+    md = markdown(rows, summary, by_placement)
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write(md + "\n")
     plot(os.path.join(out, "errors.png"), rows)
@@ -393,9 +359,9 @@ def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str
     print(f"wrote {out}/results.json, results.csv, summary.md, errors.png")
 
 
-def check_runs(config, grid, *, quick: bool, own: bool, warmup_s: float, duration_s: float) -> None:
-    """Checks the SPRINT config of every run of `grid` (`run_config`'s settings, at most `duration_s` long) as
-    its process will (``runtime.validate_config`` with its devices), before any runs or anything is written.
+def check_runs(config, grid, *, quick: bool, warmup_s: float, duration_s: float) -> None:
+    """Checks the SPRINT config of every run of `grid` (`run_config`'s settings and each entry's updater
+    placement, at most `duration_s` long) as its process will (``runtime.validate_config`` with its devices), before any runs or anything is written.
 
     Raises:
       ConfigError: naming the first bad field.
@@ -403,16 +369,41 @@ def check_runs(config, grid, *, quick: bool, own: bool, warmup_s: float, duratio
     from jaxsprint import runtime
 
     base = _override(config, list(QUICK_OVERRIDES)) if quick else config  # `config` has the command's overrides
-    for _, _, lph, b, net_ms in grid:
+    for _, _, lph, b, net_ms, where in grid:
+        own = where == "own"
         c = copy.deepcopy(base)
         with c.unlocked():
             s = c.sprint
             s.learners_per_host, s.sub_batch, s.network_time_s = lph, b, net_ms / 1e3
             s.duration_s, s.num_updates, s.num_epochs, s.warmup_s = float(duration_s), 0, 0.0, float(warmup_s)
             s.checkpoint, s.eval_every_updates = False, 0
+            s.updater_device = where
             if own:
-                s.updater_device, s.devices = "own", lph
+                s.devices = lph
         runtime.validate_config(c, lph + 1 if own else lph)
+
+
+def _grid(v, placement: str) -> tuple[list[grids.Entry], str]:
+    """The entries this command runs, each with its updater placement (a fixed grid's: `placement`), and a
+    line on what the random draw leaves out (``""`` for a fixed grid)."""
+    if v.grid != "random":
+        grid = grids.QUICK_GRID if _QUICK.value else grids.CALIBRATION_GRID if v.grid == "calibration" \
+            else grids.VALIDATION_GRID
+        return [g._replace(updater_device=placement) for g in grid], ""
+    from jaxsprint.perf import machines
+
+    shipped = os.path.join(machines.DATA_DIR, f"{v.machine}.json") if v.machine else None
+    recorded = grids.preset_calibration_runs(v.machine_file or (shipped if shipped and os.path.isfile(shipped)
+                                                                else None))
+    exclude = list(grids.CALIBRATION_GRID) + list(recorded[1] if recorded else ())
+    with cli.as_config_fields("config.validation."):
+        grid = grids.draw(v.num_random, random_seed=v.random_seed, exclude=exclude)
+    extra = len(set(recorded[1]) - {grids.key(g) for g in grids.CALIBRATION_GRID}) if recorded else 0
+    what = (f"the {len(recorded[1])} runs of {recorded[0]} (the preset's calibration runs; {extra} of them not "
+            "in the calibration grid)" if recorded else
+            "none the preset records (it names no readable measurement file with runs)")
+    return list(grid), (f"random grid: {len(grid)} configurations drawn with random_seed={v.random_seed}; "
+                        f"excluded: the calibration grid ({len(grids.CALIBRATION_GRID)} runs) and {what}")
 
 
 def main(argv):
@@ -434,24 +425,33 @@ def main(argv):
     check(v.run_timeout_s > v.max_duration_s + _STARTUP_S, "config.validation.run_timeout_s", v.run_timeout_s,
           f"more than config.validation.max_duration_s={v.max_duration_s} + {_STARTUP_S:g} s of start-up (the "
           "timeout stops a run's processes)")
-    for name, allowed in (("grid", _GRIDS), ("specs", _SPECS_KINDS), ("updater_device", _UPDATER_DEVICES)):
+    for name, allowed in (("grid", _GRIDS), ("updater_device", _UPDATER_DEVICES)):
         check(v[name] in allowed, f"config.validation.{name}", v[name], f"one of {', '.join(allowed)}")
-    grid = QUICK_GRID if _QUICK.value else CALIBRATION_GRID if v.grid == "calibration" else GRID
-    label = "quick" if _QUICK.value else v.grid
-    names = [g[0] for g in grid]
+    check(v.specs is None or v.specs in _SPECS_KINDS, "config.validation.specs", v.specs,
+          f"one of {', '.join(_SPECS_KINDS)} (unset: loo, preset with grid=random)")
+    random = v.grid == "random"
+    check(not (random and v.specs == "loo"), "config.validation.specs", v.specs,
+          "preset with config.validation.grid=random (held out: the preset was fitted elsewhere; loo would refit "
+          "it to the drawn runs)")
+    v.specs = v.specs or ("preset" if random else "loo")  # resolved: config.json records it
+    for name, lo in (("num_random", 1), ("random_seed", 0)):
+        check(is_int(v[name]) and v[name] >= lo, f"config.validation.{name}", v[name], f"an integer >= {lo}")
+    overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
+    set_by_grid = _SET_BY_GRID + (("config.sprint.updater_device", "config.sprint.devices") if random else ())
+    for arg in _config_overrides():
+        key = arg[len("--"):].partition("=")[0]
+        check(key not in set_by_grid, key, arg.partition("=")[2],
+              "not an override here: every run's grid entry and planned length set it (config.validation)")
+    if not random and v.updater_device == "own" and _OWN_UPDATER not in overrides:
+        overrides.append(_OWN_UPDATER)
+    grid, note = _grid(v, "own" if _OWN_UPDATER in overrides else "shared")
+    label = "quick" if _QUICK.value and not random else v.grid
+    names = [g.name for g in grid]
     only = cli.text_list("config.validation.only", v.only)
     for n in only:
         check(n in names, "config.validation.only", n, f"names of the {label} grid: {', '.join(names)}")
-    grid = [g for g in grid if not only or g[0] in only]
-    for arg in _config_overrides():
-        key = arg[len("--"):].partition("=")[0]
-        check(key not in _SET_BY_GRID, key, arg.partition("=")[2],
-              "not an override here: every run's grid entry and planned length set it (config.validation)")
-    overrides = (list(QUICK_OVERRIDES) if _QUICK.value else []) + _config_overrides()
-    if v.updater_device == "own" and _OWN_UPDATER not in overrides:
-        overrides.append(_OWN_UPDATER)
-    check_runs(_CONFIG.value, grid, quick=_QUICK.value, own=_OWN_UPDATER in overrides,
-               warmup_s=QUICK_WARMUP_S if _QUICK.value else v.warmup_s,
+    grid = [g for g in grid if not only or g.name in only]
+    check_runs(_CONFIG.value, grid, quick=_QUICK.value, warmup_s=QUICK_WARMUP_S if _QUICK.value else v.warmup_s,
                duration_s=QUICK_DURATION_S if _QUICK.value else v.max_duration_s)
     from jaxsprint.calibration import host
     from jaxsprint.perf import presets
@@ -476,21 +476,23 @@ def main(argv):
         return
     if _QUICK.value:
         warmup = QUICK_WARMUP_S
-        plan = {g[0]: QUICK_DURATION_S for g in grid}
+        plan = {g.name: QUICK_DURATION_S for g in grid}
         est = {}
     else:
         warmup = v.warmup_s
         est = _estimates(_CONFIG.value, grid, machine)
-        plan = {g[0]: plan_duration(*est[g[0]], g[1] * g[2], min_gradients=v.min_gradients,
+        plan = {g.name: plan_duration(*est[g.name], g.hosts * g.learners_per_host, min_gradients=v.min_gradients,
                                     min_updates=v.min_updates, warmup_s=warmup, max_duration_s=v.max_duration_s)
                 for g in grid}
+    if note:
+        print(note, flush=True)
     total = sum(plan.values()) + _STARTUP_S * len(grid)
     print(f"{len(grid)} runs, about {total / 60:.0f} minutes (run time {sum(plan.values()):.0f} s plus about "
           f"{_STARTUP_S:.0f} s start-up each; a run that falls short is repeated once, longer)", flush=True)
     for g in grid:
-        tc, tu = est.get(g[0], (math.nan, math.nan))
-        print(f"  {g[0]:18s} hosts {g[1]} x learners {g[2]}, sub-batch {g[3]:3d}, network {g[4]:3d} ms: "
-              f"{plan[g[0]]:6.1f} s (specs: T_c {1e3 * tc:.2f} ms, T_u {1e3 * tu:.2f} ms)", flush=True)
+        tc, tu = est.get(g.name, (math.nan, math.nan))
+        print(f"  {g.name:18s} hosts {g.hosts} x learners {g.learners_per_host}, sub-batch {g.sub_batch:3d}, "
+              f"network {g.network_ms:3d} ms: {plan[g.name]:6.1f} s (specs: T_c {1e3 * tc:.2f} ms, T_u {1e3 * tu:.2f} ms)", flush=True)
     if _DRY.value:
         return
     os.makedirs(_OUT.value, exist_ok=True)
@@ -499,28 +501,29 @@ def main(argv):
     min_grad = 1 if _QUICK.value else v.min_gradients
     min_upd = 1 if _QUICK.value else v.min_updates
     for g in grid:
-        duration = plan[g[0]]
+        duration = plan[g.name]
         res = None
         for attempt in range(2):
             t0 = time.monotonic()
             try:
-                res = run_config(g, os.path.join(_OUT.value, "runs", g[0]), duration_s=duration, warmup_s=warmup,
+                res = run_config(g, os.path.join(_OUT.value, "runs", g.name), duration_s=duration, warmup_s=warmup,
                                  overrides=overrides, timeout_s=v.run_timeout_s)
             except RuntimeError as e:  # one failed configuration does not end the grid; it is reported
-                print(f"{g[0]}: FAILED: {e}", flush=True)
-                failures.append({"name": g[0], "error": str(e)})
+                print(f"{g.name}: FAILED: {e}", flush=True)
+                failures.append({"name": g.name, "error": str(e)})
                 break
             m = res["measured"]
             short = max(min_grad / max(m["gradients"], 1), min_upd / max(m["updates"], 1))
-            print(f"{g[0]}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
+            print(f"{g.name}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
                   f"(wall {time.monotonic() - t0:.0f} s), T_u/T_c {m['t_update_s'] / m['t_compute_s']:.3g}; "
                   f"from timings: {json.dumps(res['errors_from_timings'])}", flush=True)
             if short <= 1 or attempt == 1 or duration >= v.max_duration_s:
                 break
             duration = min(v.max_duration_s, warmup + 1.3 * short * (duration - warmup) + 1.0)
-            print(f"{g[0]}: too short, again for {duration:.1f} s", flush=True)
+            print(f"{g.name}: too short, again for {duration:.1f} s", flush=True)
         if res is not None:
-            rows.append(dict(name=g[0], hosts=g[1], learners_per_host=g[2], sub_batch=g[3], network_ms=g[4],
+            rows.append(dict(name=g.name, hosts=g.hosts, learners_per_host=g.learners_per_host,
+                             sub_batch=g.sub_batch, network_ms=g.network_ms, updater_device=g.updater_device,
                              duration_s=duration, **res))
         with open(os.path.join(_OUT.value, "results.json"), "w") as fh:  # kept as it grows
             json.dump({"runs": rows, "failures": failures}, fh)

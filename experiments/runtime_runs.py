@@ -1,0 +1,109 @@
+"""Runs of the real runtime as their own processes, for the launchers that measure many configurations.
+
+``experiments/validate_runtime.py`` (the grids and the random held-out draw) and
+``experiments/calibrate_runtime.py`` (the designed calibration runs) start every configuration the same way:
+``experiments/run_sprint.py --json`` with the entry's learners, sub-batch, network time and updater placement,
+one process per host on loopback (``jax.distributed`` through the three flags), bounded by a timeout, every
+process killed at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from jaxsprint import subprocs
+from jaxsprint.calibration import grids
+
+__all__ = ["SET_BY_ENTRY", "plan_duration", "run_entry"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The config fields run_entry sets for every run (an override of them would be ignored).
+SET_BY_ENTRY = tuple(f"config.sprint.{f}" for f in ("learners_per_host", "sub_batch", "network_time_s", "duration_s",
+                                                     "num_updates", "num_epochs", "warmup_s", "checkpoint",
+                                                     "eval_every_updates"))
+
+
+def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
+                  max_duration_s: float, margin: float = 1.3) -> float:
+    """Run length for ``min_gradients`` gradients (``N / T_c`` per second) and ``min_updates`` updates
+    (``1 / T_u`` per second) after the warm-up, with a margin; at most ``max_duration_s``."""
+    need = max(min_gradients * tc / n, min_updates * tu)
+    return float(min(max_duration_s, warmup_s + margin * need + 1.0))
+
+
+def run_entry(entry: grids.Entry, workdir: str, *, config_file: str, overrides: Sequence[str],
+              machine_args: Sequence[str], duration_s: float, warmup_s: float, timeout_s: float,
+              specs: bool = True) -> dict:
+    """One run of ``experiments/run_sprint.py --json`` for ``entry`` (two processes for two hosts), its updater
+    where the entry places it (``own``: one more device per process, the updater's; None: as ``overrides`` say).
+
+    Args:
+      entry: The configuration.
+      workdir: The run's workdir; each process's stdout and stderr go there too.
+      config_file: The SPRINT config file; ``overrides`` its ``--config.*`` flags.
+      machine_args: ``--machine=...`` or ``--machine_file=...`` (the run's specs prediction).
+      duration_s, warmup_s: The run's length and warm-up cut.
+      timeout_s: Every process is killed after this long.
+      specs: Let the run predict from specs too (``--nospecs`` saves the network's cost table, seconds).
+
+    Returns:
+      Process 0's JSON.
+
+    Raises:
+      RuntimeError: a process failed (with its last stderr line), outlived ``timeout_s`` or printed no JSON.
+    """
+    name, hosts, lph, b, net_ms, where = entry
+    os.makedirs(workdir, exist_ok=True)
+    args = [sys.executable, os.path.join(_HERE, "run_sprint.py"), "--json", f"--config={config_file}",
+            *overrides, f"--config.sprint.learners_per_host={lph}", f"--config.sprint.sub_batch={b}",
+            f"--config.sprint.network_time_s={net_ms / 1e3}", f"--config.sprint.duration_s={duration_s}",
+            "--config.sprint.num_updates=0", "--config.sprint.num_epochs=0.0",
+            f"--config.sprint.warmup_s={warmup_s}", "--config.sprint.checkpoint=False",
+            "--config.sprint.eval_every_updates=0", *machine_args]
+    if not specs:
+        args.append("--nospecs")
+    set_where = next((a.partition("=")[2] for a in overrides if a.startswith("--config.sprint.updater_device=")), None)
+    if where is not None and set_where is None:
+        args.append(f"--config.sprint.updater_device={where}")
+    own = (where or set_where) == "own"
+    if own:
+        args.append(f"--config.sprint.devices={lph}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={lph + 1 if own else lph}")
+    port = subprocs.coordinator_port() if hosts > 1 else None
+    procs, files = [], []
+    try:
+        for p in range(hosts):
+            extra = [] if hosts == 1 else [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={hosts}",
+                                           f"--process_id={p}"]
+            out = open(os.path.join(workdir, f"stdout{p}.txt"), "w")
+            err = open(os.path.join(workdir, f"stderr{p}.txt"), "w")
+            files += [out, err]
+            procs.append(subprocess.Popen(args + [f"--workdir={workdir}"] + extra, stdout=out, stderr=err, env=env))
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"run {name} did not finish within {timeout_s:g} s (stopped)") from None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for f in files:
+            f.close()
+    for p, proc in enumerate(procs):
+        if proc.returncode != 0:
+            with open(os.path.join(workdir, f"stderr{p}.txt")) as fh:
+                lines = [ln for ln in fh.read().strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"run {name} process {p} failed (exit {proc.returncode}): "
+                               f"{lines[-1] if lines else 'no message'}")
+    with open(os.path.join(workdir, "stdout0.txt")) as fh:
+        line = next((ln for ln in fh.read().splitlines() if ln.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"run {name} printed no JSON (see {workdir}/stdout0.txt)")
+    return json.loads(line)
