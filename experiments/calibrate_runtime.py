@@ -117,8 +117,26 @@ def check_plan(config, sub_batches, learners, network_times):
     check(len(learners) * len(network_times) * k.duration_s <= MAX_SECONDS, "config.calibration.duration_s",
           k.duration_s, f"a length for which the {len(learners) * len(network_times)} runtime runs take at most "
                         f"{MAX_SECONDS:g} s")
+    check(k.runs in ("design", "grid"), "config.calibration.runs", k.runs, "design or grid")
+    check(isinstance(k.fix_undetermined, bool), "config.calibration.fix_undetermined", k.fix_undetermined,
+          "True or False")
+    if k.runs == "design":
+        for name, lo in (("budget_s", 1.0), ("run_max_duration_s", 1.0), ("run_startup_s", 0.0),
+                         ("run_timeout_s", 1.0)):
+            v = k[name]
+            check(is_real(v) and lo <= v <= MAX_SECONDS, f"config.calibration.{name}", v,
+                  f"a number of seconds in [{lo:g}, {MAX_SECONDS:g}]")
+        check(k.run_max_duration_s > k.warmup_s, "config.calibration.run_max_duration_s", k.run_max_duration_s,
+              f"longer than config.calibration.warmup_s={k.warmup_s}")
+        check(k.run_timeout_s > k.run_max_duration_s + k.run_startup_s, "config.calibration.run_timeout_s",
+              k.run_timeout_s, "longer than config.calibration.run_max_duration_s + run_startup_s")
+        for name in ("run_min_gradients", "run_min_updates"):
+            check(is_int(k[name]) and 1 <= k[name] <= 10**7, f"config.calibration.{name}", k[name],
+                  "an integer in [1, 10000000]")
     probes = [(1, max(sub_batches), 0.0, "sub_batches")]  # the lone step
-    if learners:
+    if learners and k.runs == "design":  # the design's largest run (8 learners, sub-batch 128, 100 ms)
+        probes.append((8, 128, 0.1, None))
+    elif learners:
         probes.append((max(learners), k.run_sub_batch, max(network_times), None))
     for n, b, nt, field in probes:
         c = copy.deepcopy(config)
@@ -184,8 +202,16 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
+    allreduces = []
+    if k.allreduce:
+        p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
+        for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
+            allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
+    out = dict(gradient_steps=gradient_steps, step_cores=step_cores, allreduces=allreduces)
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
+    elif k.runs == "design":
+        return dict(out, runs=measure_design(config, out, log=log), design=_LAST_DESIGN)
     else:
         runs = []
     for n in learners:
@@ -208,16 +234,16 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
             log(f"run: {n} learners, network {nt} s: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv "
                 f"{rec['t_compute_cv']:.2f}), T_u {1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), "
                 f"{rec['gradients']} gradients")
-    allreduces = []
-    if k.allreduce:
-        p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
-        for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
-            allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
-    return dict(gradient_steps=gradient_steps, step_cores=step_cores, runs=runs, allreduces=allreduces)
+    return dict(out, runs=runs)
 
 
-def fit(config, measurements):
-    """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
+_RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
+           "updates", "mean_staleness")
+_LAST_DESIGN: dict = {}
+
+
+def _start(config, measurements):
+    """The cpu_runtime preset with the lone steps and all-reduces of ``measurements`` fitted (stages 1-2)."""
     from jaxsprint.calibration import host, host_fit, model_fit, timing
     from jaxsprint.perf import machines
 
@@ -229,10 +255,82 @@ def fit(config, measurements):
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
-    runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
     start = machines.get("cpu_runtime")
-    return host_fit.fit_all(start, host.load_host(start, "cpu_runtime"), net, steps=steps, allreduces=ars, runs=runs,
-                            step_cores=float(np.median(cores)) if cores else None, fixed=host_fit.FIXED)
+    return net, steps, ars, (float(np.median(cores)) if cores else None), start, host.load_host(start, "cpu_runtime")
+
+
+def measure_design(config, measured, log=print):
+    """The designed runtime runs (``calibration.runs=design``): the candidates' sensitivities at the preset
+    with this machine's lone steps and all-reduces fitted, a greedy D-optimal choice within ``budget_s``
+    (``jaxsprint.calibration.design``), then every chosen run as its own processes
+    (``experiments.runtime_runs``). Returns their records (a failed run is reported and left out)."""
+    import shutil
+    import tempfile
+
+    from experiments import runtime_runs
+    from jaxsprint.calibration import compare, design, host_fit
+    from ml_collections import config_flags
+
+    k = config.calibration
+    net, steps, ars, cores, machine, host = _start(config, measured)
+    machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
+                                            fixed={"step_overhead_s": host_fit.FIXED["step_overhead_s"]})
+    pool = design.candidates()
+    plan = []
+    for e in pool:
+        tc, tu, _, _ = compare.spec_times(net, machine, host, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
+                                          sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
+                                          updater_device=e.updater_device)
+        plan.append(runtime_runs.plan_duration(tc, tu, e.hosts * e.learners_per_host, min_gradients=k.run_min_gradients,
+                                               min_updates=k.run_min_updates, warmup_s=k.warmup_s,
+                                               max_duration_s=k.run_max_duration_s))
+    fields = [f for f in host_fit.RUNTIME_FIELDS if f != "learner_step_cores"] + ["learner_step_cores"]
+    jac = design.sensitivities(machine, host, net, pool, fields)
+    cost = [k.run_startup_s + d for d in plan]
+    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool))
+    rse = design.predicted_rel_std_error(jac, chosen)
+    _LAST_DESIGN.clear()
+    _LAST_DESIGN.update(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
+                        predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
+    log(f"design: {len(chosen)} runs, about {sum(cost[i] for i in chosen):.0f} s; predicted relative standard errors "
+        + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
+    records = []
+    root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
+    try:
+        for i in chosen:
+            e = pool[i]
+            try:
+                res = runtime_runs.run_entry(e, os.path.join(root, e.name), config_file=config_file,
+                                             overrides=overrides, machine_args=["--machine=cpu_runtime"],
+                                             duration_s=plan[i], warmup_s=k.warmup_s, timeout_s=k.run_timeout_s,
+                                             specs=False)
+            except RuntimeError as err:  # one failed run does not end the calibration; it is reported
+                log(f"{e.name}: FAILED: {err}")
+                continue
+            m = res["measured"]
+            rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
+                       updater_device=e.updater_device, **{f: m[f] for f in _RECORD})
+            records.append(rec)
+            log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
+                f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
+                f"{rec['updates']} updates")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return records
+
+
+def fit(config, measurements):
+    """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
+    from jaxsprint.calibration import host_fit
+
+    net, steps, ars, cores, start, host = _start(config, measurements)
+    runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
+    k = config.calibration
+    fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else ("step_overhead_s",))}
+    return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores, fixed=fixed,
+                            fix_undetermined=bool(k.fix_undetermined))
 
 
 def save_preset(path, result, command, measurements_path):
@@ -240,15 +338,16 @@ def save_preset(path, result, command, measurements_path):
     each with its source (the command and the data; fixed ones their reason; the rest the start preset's)."""
     import math
 
-    from jaxsprint.calibration import host, host_fit
+    from jaxsprint.calibration import host
     from jaxsprint.perf import machines, presets
 
     fitted = {f: float(f"{v:.4g}") for f, v in result.fitted.items()}
     cvs = ("learner_cv", "updater_cv")
+    fixed = {f: (d["value"], d["reason"]) for f, d in result.stages.get("fixed", {}).items()}
 
     def source(f, old):
-        if f in host_fit.FIXED:
-            return host_fit.FIXED[f][1]
+        if f in fixed:
+            return fixed[f][1]
         if f not in fitted:
             return old
         if f in cvs:
@@ -262,7 +361,7 @@ def save_preset(path, result, command, measurements_path):
     h = h.replace(sources=tuple((f, source(f, s)) for f, s in h.sources))
     rse = {f: result.rel_std_error.get(f, math.inf) for f in fitted if f not in cvs}
     presets.save_preset(path, m, host=host.host_json(h), command=command, measurements=measurements_path,
-                        fitted=sorted(fitted), fixed={f: v for f, (v, _) in host_fit.FIXED.items()},
+                        fitted=sorted(fitted), fixed={f: v for f, (v, _) in fixed.items()},
                         rel_std_error={f: (v if math.isfinite(v) else None) for f, v in rse.items()},
                         fit=result.summary())
 

@@ -44,7 +44,8 @@ def _true_runs():
 def test_fit_runtime_recovers_the_figures_that_made_the_runs():
     r = rc.fit_runtime(*START, NET, list(_true_runs()))
     assert rc.STEP_CORES_FIELD in rc.RUNTIME_FIELDS and "updater_apply_s" in rc.RUNTIME_FIELDS
-    for f in rc.RUNTIME_FIELDS + ("learner_cv", "updater_cv"):
+    assert "updater_shared_wait" not in r.fitted  # no run has the updater on a learner's device
+    for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in rc.SHARED_ONLY_FIELDS) + ("learner_cv", "updater_cv"):
         assert r.fitted[f] == pytest.approx(_figure(TRUE, f), rel=1e-3), f
         assert _figure((r.machine, r.host), f) == pytest.approx(r.fitted[f], rel=1e-6)
     assert np.max(np.abs(r.compute_errors)) < 1e-4 and np.max(np.abs(r.update_errors)) < 1e-4
@@ -66,7 +67,7 @@ def test_fit_all_stages_and_a_subset_keeps_the_rest():
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
     assert float(HOST.learner_step_cores) != pytest.approx(1.6, rel=0.05)
     r = rc.fit_all(mc.get("cpu_runtime"), HOST, NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
-    assert set(rc.COMPUTE_FIELDS + rc.RUNTIME_FIELDS) <= set(r.fitted)
+    assert set(rc.COMPUTE_FIELDS + rc.RUNTIME_FIELDS) - set(rc.SHARED_ONLY_FIELDS) <= set(r.fitted)
     assert r.stages["step_cores"] == 1.3
     assert r.fitted[rc.STEP_CORES_FIELD] == pytest.approx(1.6, rel=0.02)
     assert float(r.host.learner_step_cores) == pytest.approx(r.fitted[rc.STEP_CORES_FIELD], rel=1e-6)
@@ -90,7 +91,7 @@ def test_bad_input_names_the_field():
     with raises_invalid("field", "speed", "a machine figure"):
         rc.fit_runtime(*TRUE, NET, list(_true_runs()), fields=["speed"])
     with raises_invalid("fields", list(rc.RUNTIME_FIELDS), "at most as many fields as timings (2)"):
-        rc.fit_runtime(*TRUE, NET, list(_true_runs())[:1])
+        rc.fit_runtime(*TRUE, NET, list(_true_runs())[:1], fields=rc.RUNTIME_FIELDS)
 
 
 def test_cross_validate_fits_each_run_without_it():
@@ -118,3 +119,43 @@ def test_a_stored_step_stands_for_the_mean_of_its_samples():
     rec = dict(sub_batch=8, measured_s=2e-3, samples=[2e-3, 2e-3, 2e-3, 8e-3])
     assert rc.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
     assert rc.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples
+
+
+def test_the_shared_device_wait_is_fitted_from_runs_of_both_placements():
+    """The updater's wait behind the first learner's step is seen only by runs with ``updater_device=shared``:
+    fitted from a mix of both placements it comes back; without a shared run it is not fitted at all."""
+    true = (TRUE[0], hf.with_figures(TRUE[1], updater_shared_wait=0.4))
+    configs = CONFIGS[:8] + CONFIGS[-5:]
+    runs = [rc.RuntimeRun(*c, 1.0, 1.0, updater_device=("shared" if i % 2 else "own")) for i, c in enumerate(configs)]
+    t = rc.predict_runs(*true, NET, runs)
+    assert float(t.t_update_s[1]) > float(rc.predict_runs(*TRUE, NET, runs[1:2]).t_update_s[0])  # shared: longer
+    assert float(t.t_update_s[0]) == pytest.approx(float(rc.predict_runs(*TRUE, NET, runs[:1]).t_update_s[0]))
+    runs = [rc.RuntimeRun(**{**r.__dict__, "t_compute_s": float(tc), "t_update_s": float(tu)})
+            for r, tc, tu in zip(runs, t.t_compute_s, t.t_update_s)]
+    r = rc.fit_runtime(*TRUE, NET, runs, fields=["updater_shared_wait"], fit_cvs=False)  # TRUE's other figures
+    assert r.fitted["updater_shared_wait"] == pytest.approx(0.4, rel=1e-3)
+    assert rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0)
+                                     ).updater_device == "own"  # a record of before the field: an own-device grid
+    with raises_invalid("updater_device", "gpu", "shared or own"):
+        rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0,
+                                       updater_device="gpu"))
+    own_only = [rc.RuntimeRun(**{**r.__dict__, "updater_device": "own"}) for r in runs]
+    assert "updater_shared_wait" not in rc._constrained(rc.RUNTIME_FIELDS, own_only)
+
+
+def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
+    """Runs with 5% noise in their times cannot pin all ten figures: with ``fix_undetermined`` every figure the
+    fit keeps has a relative standard error of at most UNDETERMINED_RSE and is off its bounds, and each held
+    one is at its neutral value with the reason in ``stages["fixed"]``."""
+    rng = np.random.default_rng(0)
+    runs = [rc.RuntimeRun(**{**r.__dict__, "t_compute_s": r.t_compute_s * float(np.exp(rng.normal(0, 0.05))),
+                             "t_update_s": r.t_update_s * float(np.exp(rng.normal(0, 0.05)))}) for r in _true_runs()]
+    r = rc.fit_all(*START, NET, runs=runs, fix_undetermined=True)
+    held = r.stages.get("fixed", {})
+    assert held, "five-percent noise leaves some figure undetermined"
+    for f, d in held.items():
+        assert d["value"] == hf.NEUTRAL.get(f, (0.0,))[0] and "do not determine it" in d["reason"]
+        assert f not in r.stages["runtime"]["fitted"]
+    for f, se in r.stages["runtime"]["rel_std_error"].items():
+        if f in rc.RUNTIME_FIELDS and f != rc.STEP_CORES_FIELD:
+            assert se <= rc.UNDETERMINED_RSE and f not in r.at_bound, (f, se)

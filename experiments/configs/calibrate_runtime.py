@@ -1,7 +1,7 @@
 r"""The runtime calibration of this machine (experiments/calibrate_runtime.py): the ``cpu_runtime`` preset's figures.
 
 The SPRINT config (``sprint.py``: network, data, optimizer) plus ``config.calibration``, what is measured and
-fitted. About 10 minutes on a quiet 2-core machine; refitting stored measurements (``fit_only``) a minute:
+fitted. At most 10 minutes on a quiet 2-core machine; refitting stored measurements (``fit_only``) a minute:
 
   python experiments/calibrate_runtime.py --config=experiments/configs/calibrate_runtime.py --out=PRESET.json
   python experiments/calibrate_runtime.py --config.calibration.fit_only=True --out=PRESET.json \
@@ -26,7 +26,18 @@ def get_config() -> ml_collections.ConfigDict:
     k.sub_batches = (8, 16, 32, 64, 128)  # single-learner sub-batches
     k.rounds = 3                    # interleaved rounds of the single-learner timing
     k.step_time_s = 1.0             # seconds of each sub-batch's steps per round (and of its cores measurement)
-    # 2. Runtime runs (one host), unless runs_from gives them.
+    # 2. Runtime runs, unless runs_from gives them. design: runs chosen from the figures' sensitivities
+    # (jaxsprint.calibration.design: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms, both updater
+    # placements; one run of every (hosts, placement, network or not) first), each its own processes;
+    # grid: the one-host runs of learners x network_times at run_sub_batch below, in this process.
+    k.runs = "design"
+    k.budget_s = 330.0              # design: seconds of runs (each run's start-up and length) it may spend
+    k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
+    k.run_min_updates = 150         # design: updates after the warm-up each run is planned for
+    k.run_max_duration_s = 20.0     # design: longest run (s)
+    k.run_startup_s = 12.0          # design: a run's start-up (imports, data, compilation), the cost it plans with
+    k.run_timeout_s = 300.0         # design: stop a run's processes after this long (s)
+    k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values
     k.learners = (1, 2, 4, 8)       # learner counts of the runtime runs
     k.network_times = (0.0, 0.02)   # emulated network times of the runs (s)
     k.run_sub_batch = 32            # sub-batch of the runtime runs

@@ -191,17 +191,19 @@ def network_cost(config: Any) -> Any:
 
 
 def spec_times(network: Any, machine: Any, host: Any, *, learners_per_host: int, num_hosts: int, sub_batch: int,
-               network_time_s: float) -> tuple[float, float, float, float]:
+               network_time_s: float, updater_device: str = "shared") -> tuple[float, float, float, float]:
     """``(T_c, T_u, cv, update_cv)`` of a runtime configuration from the machine's and the host's figures.
 
     The one place the specs prediction calls the runtime's cost form,
     :func:`jaxsprint.calibration.host.runtime_times` (learners that share the cores, the updater's own cost,
-    both cycles' jitter; the hosts taken as processes of one machine).
+    both cycles' jitter; the hosts taken as processes of one machine). ``updater_device``: the run's
+    ``config.sprint.updater_device`` (``shared``: the updater's programs on the first learner's device).
     """
     from jaxsprint.calibration import host as hostfig
 
     t = hostfig.runtime_times(network, machine, host, learners_per_host=learners_per_host, sub_batch=sub_batch,
-                              hosts=num_hosts, network_time_s=network_time_s)
+                              hosts=num_hosts, network_time_s=network_time_s,
+                              shared=float(updater_device == "shared"))
     return float(t.t_compute_s), float(t.t_update_s), float(t.t_compute_cv), float(t.t_update_cv)
 
 
@@ -213,7 +215,8 @@ def predict_from_specs(machine: Any, host: Any, network: Any, config: Any, *, nu
       machine: A :class:`~jaxsprint.perf.machines.Machine` (e.g. ``machines.get("cpu_runtime")``).
       host: Its :class:`~jaxsprint.calibration.host.HostFigures` (e.g. ``host.load_host(machine, "cpu_runtime")``).
       network: The cost table of the run's network (:func:`network_cost`).
-      config: The SPRINT config (``config.sprint.sub_batch``, ``network_time_s``, ``learners_per_host``).
+      config: The SPRINT config (``config.sprint.sub_batch``, ``network_time_s``, ``learners_per_host``,
+        ``updater_device``).
       num_hosts: Processes of the run.
       learners_per_host: Overrides ``config.sprint.learners_per_host`` (needed when that is None, i.e.
         one learner per local device: give the number of devices).
@@ -232,7 +235,8 @@ def predict_from_specs(machine: Any, host: Any, network: Any, config: Any, *, nu
 
         dataset_size = data.load_dataset(config).num_train
     tc, tu, cv, ucv = spec_times(network, machine, host, learners_per_host=int(lph), num_hosts=int(num_hosts),
-                                 sub_batch=int(s.sub_batch), network_time_s=float(s.network_time_s))
+                                 sub_batch=int(s.sub_batch), network_time_s=float(s.network_time_s),
+                                 updater_device=str(s.get("updater_device", "shared")))
     return predict(int(lph) * int(num_hosts), tc, tu, cv, ucv, sub_batch=int(s.sub_batch),
                    dataset_size=int(dataset_size))
 

@@ -13,6 +13,7 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad \beta = t_{own} / T_u, \\
     t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + c\,N_h + q\,u\,T_c(b)
               + t_{apply}\,(1 - e^{-N_{all} T_u / T_c})\big)\big(1 + s_H [nodes > 1]\big)
+              + w\,T_c\,\big(1 - e^{-N_{all} T_u / T_c} + [nodes > 1]\big)\,[shared]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
 (host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
@@ -20,6 +21,9 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` paid by the cycles that
 gather a gradient (Poisson arrivals; :func:`runtime_times` iterates the coupled pair), ``s_H`` =
 ``updater_hosts_stretch``, ``t_net`` the runtime's emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+``w`` = ``updater_shared_wait``: with the updater's programs on the first learner's device (``shared``), each
+program of a cycle (the all-reduce with several hosts, the optimizer step of a non-empty cycle) waits behind
+that learner's step in flight, ``w T_c`` on average (about half a cycle where the device is always busy).
 With the neutral figures (:func:`neutral`) the learner's cycle is the smooth maximum of ``T_c(b)`` and
 ``N T_c(b) / C`` and the updater's the SPRINT model's. The form, its screen and the shipped figures:
 docs/sprint-runtime.md. Host figures are the ``host`` section of a machine's preset file (one file per machine,
@@ -68,6 +72,7 @@ class HostFigures:
       updater_hosts_stretch: ``s_H``, the stretch of the updater's own work with several co-located hosts.
       updater_cores: ``c_u``, the units an updater takes while it works.
       updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
+      updater_shared_wait: ``w``, the share of a learner cycle one updater program waits on a shared device.
       learner_cv: Coefficient of variation of the learner cycle.
       updater_cv: Coefficient of variation of the updater's own work.
       name: Name (static).
@@ -83,6 +88,7 @@ class HostFigures:
     updater_hosts_stretch: jax.Array
     updater_cores: jax.Array
     updater_apply_s: jax.Array
+    updater_shared_wait: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="host")
@@ -101,6 +107,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_hosts_stretch=(0.0, "neutral: 0 (co-located hosts do not slow each other's updater)"),
     updater_cores=(0.0, "neutral: 0 (the updater takes no compute unit from the learners)"),
     updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
+    updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
     updater_cv=(0.0, "neutral: 0 (a deterministic updater cycle, the protocol's assumption)"),
 )
@@ -288,13 +295,15 @@ class RuntimeTimes(NamedTuple):
 
 def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, learners_per_host: jax.Array,
                   sub_batch: jax.Array, hosts: jax.Array = 1, network_time_s: jax.Array = 0.0,
-                  co_located: bool = True, algorithm: str = "ring") -> RuntimeTimes:
+                  co_located: bool = True, algorithm: str = "ring", shared: jax.Array = 0.0) -> RuntimeTimes:
     """``T_c``, ``T_u`` and their cvs of a runtime configuration, from the machine's and the host's figures.
 
     The specs prediction of the runtime: feed it to :func:`jaxsprint.perf.sprint.distributions` (``n =
     learners_per_host * hosts``). ``co_located``: the hosts are processes of one machine sharing its cores
-    (False: separate machines). The learner's cv is ``learner_cv``; the updater's own work jitters with
-    ``updater_cv`` while its network part is steady, so ``t_update_cv = updater_cv * own / T_u``.
+    (False: separate machines). ``shared``: 1 where the updater's programs run on the first learner's device
+    (``config.sprint.updater_device=shared``), 0 where it has its own. The learner's cv is ``learner_cv``; the
+    updater's own work (the waits on a shared device included) jitters with ``updater_cv`` while its network
+    part is steady, so ``t_update_cv = updater_cv * own / T_u``.
     """
     per_host = jnp.asarray(learners_per_host, jnp.float32)
     h = jnp.asarray(hosts, jnp.float32)
@@ -304,16 +313,18 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     t_base, t_apply, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s, sharing,
                                             None, algorithm, sub_batch, co_located)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
+    programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
+    shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
 
-    def cycles(nonempty):  # scalar arithmetic only: the fixed point below repeats it
-        t_own = t_base + t_apply * nonempty
+    def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
+        t_own = t_base + t_apply * nonempty + shared_wait * t_c_before * (nonempty + programs)
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
                              beta)
         return t_own, t_u, t_c
 
-    t_own, t_u, t_c = cycles(1.0)
+    t_own, t_u, t_c = cycles(1.0, step)
     for _ in range(RUNTIME_ITERATIONS):
-        t_own, t_u, t_c = cycles(nonempty_probability(per_host * h * t_u / t_c))
+        t_own, t_u, t_c = cycles(nonempty_probability(per_host * h * t_u / t_c), t_c)
     return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u)

@@ -38,15 +38,15 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
-           "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_runtime",
+__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "SHARED_ONLY_FIELDS", "UNDETERMINED_RSE", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+           "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_device", "fit_runtime",
            "gradient_step_seconds", "predict_runs"]
 
 COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
-                  "updater_hosts_stretch", "updater_queue", "updater_apply_s", "learner_step_cores",
-                  "learner_step_cores_half_batch")
+                  "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
+                  "learner_step_cores", "learner_step_cores_half_batch")
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
@@ -57,12 +57,19 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "learner_step_cores_half_batch": (0.5, 1e3),
                   "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
-                  "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1)}
+                  "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
+                  "updater_shared_wait": (1e-3, 2.0)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
-                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3}
+                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
+                 "updater_shared_wait": 0.5}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
+SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
+# A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined by
+# the runs: fit_all(fix_undetermined=True) holds it at its neutral value (host.NEUTRAL, 0: the term off) and
+# fits the others again.
+UNDETERMINED_RSE = 1.0
 # Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
 # is flat in it): experiments/calibrate_runtime.py holds them at these values, fit_all(fixed=FIXED), instead of
 # fitting them. {field: (value, the reason, which becomes its source)}.
@@ -98,6 +105,7 @@ class RuntimeRun:
       t_compute_cv: Its coefficient of variation (0 if not measured).
       t_update_cv: The same for the updater cycle.
       label: Name for tables.
+      updater_device: ``shared`` (the updater's programs on the first learner's device) or ``own``.
     """
 
     learners_per_host: int
@@ -109,13 +117,18 @@ class RuntimeRun:
     t_compute_cv: float = 0.0
     t_update_cv: float = 0.0
     label: str = ""
+    updater_device: str = "own"
 
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
-        """From a JSON record with these keys (extra keys ignored)."""
+        """From a JSON record with these keys (extra keys ignored; a record without ``updater_device`` is one of
+        validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device)."""
+        where = str(r.get("updater_device") or "own")
+        check(where in ("shared", "own"), "updater_device", where, "shared or own (a runtime run's record)")
         return cls(int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]),
                    float(r.get("network_time_s", 0.0)), float(r["t_compute_s"]), float(r["t_update_s"]),
-                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")))
+                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
+                   where)
 
 
 @dataclasses.dataclass
@@ -160,14 +173,15 @@ def gradient_step_seconds(record: dict[str, Any]) -> float:
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
-    return np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s] for r in runs], np.float32)
+    return np.asarray([[r.learners_per_host, r.hosts, r.sub_batch, r.network_time_s,
+                        float(r.updater_device == "shared")] for r in runs], np.float32)
 
 
 def _predict_columns(machine: Machine, host: HostFigures, network: NetworkCost, cols: jax.Array, co_located: bool
                      ) -> hostfig.RuntimeTimes:
     def one(row):
         return hostfig.runtime_times(network, machine, host, learners_per_host=row[0], hosts=row[1],
-                                     sub_batch=row[2], network_time_s=row[3], co_located=co_located)
+                                     sub_batch=row[2], network_time_s=row[3], co_located=co_located, shared=row[4])
 
     return jax.vmap(one)(cols)
 
@@ -217,7 +231,7 @@ def _check_runs(runs: Sequence[RuntimeRun]) -> None:
 
 
 def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
-                fields: Sequence[str] = RUNTIME_FIELDS, bounds: dict[str, tuple[float, float]] | None = None,
+                fields: Sequence[str] | None = None, bounds: dict[str, tuple[float, float]] | None = None,
                 co_located: bool = True, max_nfev: int | None = None, fit_cvs: bool = True) -> RuntimeFit:
     """Stage 3 of :func:`fit_all`: the sharing and updater figures from measured runs (module docstring).
 
@@ -226,7 +240,8 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
       host: Starting host figures.
       network: Cost table of the runs' network.
       runs: Measured runs.
-      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure of either).
+      fields: Figures to fit (a subset of :data:`RUNTIME_FIELDS` or any positive figure of either; None: those
+        of :data:`RUNTIME_FIELDS` the runs constrain).
       bounds: ``{field: (lo, hi)}`` over :data:`RUNTIME_BOUNDS`.
       co_located: The hosts of multi-host runs were processes of this machine.
       max_nfev: Residual evaluations per start at most (None: :func:`jaxsprint.perf.fit.least_squares`').
@@ -239,8 +254,9 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
       ConfigError: no runs, a non-positive or non-finite time, an unknown field, bounds not ``0 < lo < hi``,
         more fields than timings (two per run).
     """
-    runs, fields = list(runs), list(fields)
+    runs = list(runs)
     _check_runs(runs)
+    fields = _constrained(RUNTIME_FIELDS, runs) if fields is None else list(fields)
     known = machines.FIELDS + hostfig.FIELDS
     for f in fields:
         check(f in known, "field", f, f"a machine figure or a host figure: one of {', '.join(known)}")
@@ -316,9 +332,11 @@ def _fit_cvs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Se
 
 
 def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
-    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts (nothing would constrain them)."""
+    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts and less
+    :data:`SHARED_ONLY_FIELDS` when no run shares a learner's device (nothing would constrain them)."""
     several = any(r.hosts > 1 for r in runs)
-    return [f for f in fields if several or f not in HOSTS_ONLY_FIELDS]
+    shared = any(r.updater_device == "shared" for r in runs)
+    return [f for f in fields if (several or f not in HOSTS_ONLY_FIELDS) and (shared or f not in SHARED_ONLY_FIELDS)]
 
 
 def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
@@ -344,33 +362,16 @@ def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, ru
     return out
 
 
-def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
-            allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
-            step_cores: float | None = None, co_located: bool = True, seed: int = 0,
-            fixed: dict[str, tuple[float, str]] | None = None) -> RuntimeFit:
-    """All three stages (module docstring); a stage without measurements is skipped.
-
-    Args:
-      machine: Starting machine (e.g. the ``cpu_runtime`` preset).
-      host: Starting host figures (e.g. the ``cpu_runtime`` preset's).
-      network: Cost table of the runtime's network (the same table the steps were timed on).
-      steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
-      allreduces: All-reduces over the runtime's processes.
-      runs: Measured runtime runs.
-      step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
-      co_located: The hosts of multi-host runs were processes of this machine.
-      seed: Seed of the random starts of stages 1 and 2.
-      fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
+def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
+               steps: Sequence[calib.StepTiming] = (), allreduces: Sequence[calib.AllreduceTiming] = (),
+               step_cores: float | None = None, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
+               ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
+    """Stages 1 and 2 of :func:`fit_all` (the lone step and the all-reduces; a stage without measurements is
+    skipped), with ``fixed`` held.
 
     Returns:
-      :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
-      summaries).
-
-    Raises:
-      ConfigError: no runs, an invalid timing (as :func:`jaxsprint.calibration.model_fit.fit`), ``step_cores`` not a
-        finite number > 0.
+      ``(machine, host, fitted, rel_std_error, at_bound, stages)`` after the two stages.
     """
-    _check_runs(list(runs))
     fitted: dict[str, float] = {}
     stages: dict[str, Any] = {}
     rse: dict[str, float] = {}
@@ -404,8 +405,59 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
         rse.update({f: r.rel_std_error[f] for f in fields})
         at_bound += [f for f in r.at_bound if f in fields]
         stages["network"] = dict(r.summary(), errors=[float(e) for e in r.allreduce_errors])
+    return m, host, fitted, rse, at_bound, stages
+
+
+def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
+            allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
+            step_cores: float | None = None, co_located: bool = True, seed: int = 0,
+            fixed: dict[str, tuple[float, str]] | None = None, fix_undetermined: bool = False) -> RuntimeFit:
+    """All three stages (module docstring); a stage without measurements is skipped.
+
+    Args:
+      machine: Starting machine (e.g. the ``cpu_runtime`` preset).
+      host: Starting host figures (e.g. the ``cpu_runtime`` preset's).
+      network: Cost table of the runtime's network (the same table the steps were timed on).
+      steps: Single-learner gradient steps (``update_passes`` 0) at a few sub-batches.
+      allreduces: All-reduces over the runtime's processes.
+      runs: Measured runtime runs.
+      step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
+      co_located: The hosts of multi-host runs were processes of this machine.
+      seed: Seed of the random starts of stages 1 and 2.
+      fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
+      fix_undetermined: After stage 3, hold every host figure the runs do not determine (relative standard
+        error above :data:`UNDETERMINED_RSE`, or on a bound; the worst first) at its neutral value (0 for
+        ``updater_overhead_s``) and fit the rest again, until
+        every fitted figure is determined; the held ones are in ``stages["fixed"]`` with their reasons.
+
+    Returns:
+      :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
+      summaries).
+
+    Raises:
+      ConfigError: no runs, an invalid timing (as :func:`jaxsprint.calibration.model_fit.fit`), ``step_cores`` not a
+        finite number > 0.
+    """
+    _check_runs(list(runs))
+    fixed = dict(fixed or {})
+    m, host, fitted, rse, at_bound, stages = fit_device(machine, host, network, steps=steps, allreduces=allreduces,
+                                                        step_cores=step_cores, seed=seed, fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
     res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+    while fix_undetermined:
+        loose = [f for f in res.rel_std_error if f in RUNTIME_FIELDS and f != STEP_CORES_FIELD and (
+            f in res.at_bound or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
+        if not loose:
+            break
+        worst = max(loose, key=lambda f: (f in res.at_bound, res.rel_std_error[f]))
+        value = hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0  # updater_overhead_s: 0
+        why = ("on a bound" if worst in res.at_bound else
+               f"relative standard error {res.rel_std_error[worst]:.3g} > {UNDETERMINED_RSE:g}")
+        fixed[worst] = (value, f"held at {value:g} (neutral), not fitted: the calibration runs do not determine it "
+                               f"(fitted, it was {res.fitted[worst]:.4g}, {why})")
+        m, host = _with(m, host, {worst: jnp.float32(value)})
+        fields = [f for f in fields if f != worst]
+        res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     fitted.update(res.fitted)
     rse.update(res.rel_std_error)
     at_bound += res.at_bound
@@ -413,6 +465,6 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
                              compute=calib.error_stats(res.compute_errors),
                              update=calib.error_stats(res.update_errors))
     if fixed:
-        stages["fixed"] = {f: v for f, (v, _) in fixed.items()}
+        stages["fixed"] = {f: dict(value=v, reason=why) for f, (v, why) in fixed.items()}
     return RuntimeFit(res.machine, res.host, fitted, res.compute_errors, res.update_errors, res.loss, stages, rse,
                       at_bound)

@@ -1,0 +1,136 @@
+r"""The calibration's runs, chosen from the figures' sensitivities: a greedy D-optimal design under a time budget.
+
+A runtime run measures two numbers, the mean learner cycle ``T_c`` and the mean updater cycle ``T_u``; the
+host figures enter them through :func:`jaxsprint.calibration.host.runtime_times`. Fitted in log parameters
+to log times with noise ``sigma`` per run, the figures' covariance is ``sigma^2 (J^T J)^{-1}``, ``J`` the
+sensitivities ``d log T / d log theta`` of the chosen runs (two rows each). :func:`select` picks, from a pool
+of candidate configurations (:func:`candidates`: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms,
+both updater placements), the runs that most increase ``log det (J^T J + lambda I)`` per second of
+measuring (each run's start-up plus its planned length), until the budget is spent: the classic greedy
+algorithm for D-optimality with costs. :func:`predicted_rel_std_error` says before anything is measured how
+well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
+(``jaxsprint.calibration.host_fit.fit_all(fix_undetermined=True)``).
+
+The sensitivities are taken at the preset's figures, a figure at 0 (a term off) at the fit's second start
+(``host_fit.RUNTIME_START``), where the term is on: a design at 0 could not see it.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsprint.calibration import host_fit
+from jaxsprint.calibration.grids import PLACEMENTS, Entry
+from jaxsprint.calibration.host import HostFigures
+from jaxsprint.errors import check
+from jaxsprint.perf.machines import Machine
+from jaxsprint.perf.networks import NetworkCost
+
+__all__ = ["candidates", "predicted_rel_std_error", "select", "sensitivities", "strata"]
+
+
+def candidates(*, hosts: Sequence[int] = (1, 2), learners_per_host: Sequence[int] = (1, 2, 4, 8),
+               sub_batches: Sequence[int] = (8, 16, 32, 64, 128), network_ms: Sequence[int] = (0, 5, 20, 100),
+               placements: Sequence[str] = PLACEMENTS) -> tuple[Entry, ...]:
+    """Every combination of the given values, named ``cal_h2_l4_b32_n20_own``."""
+    out = []
+    for h, n, b, net, where in itertools.product(hosts, learners_per_host, sub_batches, network_ms, placements):
+        out.append(Entry(f"cal_h{h}_l{n}_b{b}_n{net}_{where}", int(h), int(n), int(b), int(net), where))
+    return tuple(out)
+
+
+def _runs(entries: Sequence[Entry]) -> list[host_fit.RuntimeRun]:
+    return [host_fit.RuntimeRun(e.learners_per_host, e.hosts, e.sub_batch, e.network_ms / 1e3, 1.0, 1.0,
+                                label=e.name, updater_device=e.updater_device or "own") for e in entries]
+
+
+def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, entries: Sequence[Entry],
+                  fields: Sequence[str]) -> np.ndarray:
+    """``d log T / d log theta`` of every entry: rows ``T_c`` of each entry, then ``T_u`` of each; a column per
+    field (a figure at 0 taken at ``host_fit.RUNTIME_START``, module docstring)."""
+    fields = list(fields)
+    at = {}
+    for f in fields:
+        v = host_fit._figure(machine, host, f)
+        at[f] = v if v > 0 else host_fit.RUNTIME_START.get(f, 1e-3)
+    machine, host = host_fit._with(machine, host, {f: jnp.float32(v) for f, v in at.items()})
+    theta = jnp.log(jnp.asarray([at[f] for f in fields], jnp.float32))
+    runs = _runs(entries)
+    cols = jnp.asarray(host_fit._columns(runs))
+    zeros = jnp.zeros(len(runs), jnp.float32)
+    jac = host_fit._jacobian(theta, machine, host, network, cols, zeros, zeros, tuple(fields), True)
+    return np.asarray(jac, np.float64)
+
+
+def _pair(jac: np.ndarray, i: int, n: int) -> np.ndarray:
+    return jac[[i, n + i]]
+
+
+def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float = 0.05) -> np.ndarray:
+    """Each figure's relative standard error if the ``chosen`` entries' log times are measured with noise
+    ``sigma``: ``expm1`` of ``sigma sqrt(diag (J^T J)^+)`` (inf where the runs do not see a figure)."""
+    n = jac.shape[0] // 2
+    rows = np.concatenate([_pair(jac, i, n) for i in chosen]) if len(chosen) else np.zeros((0, jac.shape[1]))
+    info = rows.T @ rows
+    cov = np.linalg.pinv(info)
+    seen = np.linalg.norm(rows, axis=0) > 1e-6 if len(rows) else np.zeros(jac.shape[1], bool)
+    sd = sigma * np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    return np.where(seen & (sd < 20.0), np.expm1(np.minimum(sd, 20.0)), np.inf)
+
+
+def strata(entries: Sequence[Entry]) -> list[tuple]:
+    """Each entry's regime: ``(hosts, updater placement, network time > 0)``. :func:`select` takes one run of
+    every regime first, so that the design covers the space the form is judged on even where the form's own
+    sensitivities would not ask for it (a design is only as good as the form it is computed from)."""
+    return [(e.hosts, e.updater_device, e.network_ms > 0) for e in entries]
+
+
+def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
+           required: Sequence[int] = (), groups: Sequence | None = None,
+           log: Callable[[str], None] | None = None) -> list[int]:
+    """The entries (indices into the rows of ``jac``, :func:`sensitivities`) a greedy D-optimal design picks.
+
+    Starting from ``required``, each step adds the affordable entry with the largest gain of
+    ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
+    or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
+    first steps take only entries of a group no chosen entry has, until every group has one.
+
+    Raises:
+      ConfigError: costs that are not positive and finite, one per entry, or a budget below the required runs.
+    """
+    n = jac.shape[0] // 2
+    cost = np.asarray(cost_s, np.float64)
+    check(cost.shape == (n,) and bool(np.all(np.isfinite(cost) & (cost > 0))), "cost_s", tuple(cost_s),
+          f"{n} finite costs > 0 (one per entry)")
+    chosen = list(required)
+    spent = float(cost[chosen].sum()) if chosen else 0.0
+    check(math.isfinite(budget_s) and spent <= budget_s, "budget_s", budget_s,
+          f"at least the required runs' {spent:.0f} s")
+    info = ridge * np.eye(jac.shape[1])
+    for i in chosen:
+        rows = _pair(jac, i, n)
+        info = info + rows.T @ rows
+    while True:
+        _, base = np.linalg.slogdet(info)
+        best, best_gain = None, -math.inf
+        missing = set(groups) - {groups[i] for i in chosen} if groups is not None else set()
+        for i in range(n):
+            if i in chosen or spent + cost[i] > budget_s or (missing and groups[i] not in missing):
+                continue
+            rows = _pair(jac, i, n)
+            _, val = np.linalg.slogdet(info + rows.T @ rows)
+            gain = (val - base) / cost[i]
+            if gain > best_gain:
+                best, best_gain = i, gain
+        if best is None or (best_gain < 1e-6 and not missing):
+            return chosen
+        rows = _pair(jac, best, n)
+        info = info + rows.T @ rows
+        chosen.append(best)
+        spent += float(cost[best])
+        if log:
+            log(f"design: + entry {best} ({cost[best]:.0f} s, {spent:.0f} s of {budget_s:.0f})")
