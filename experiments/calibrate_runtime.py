@@ -1,29 +1,25 @@
-r"""Measures and fits the runtime figures of this machine: the ``cpu_runtime`` preset's calibration.
+r"""Measures and fits the runtime figures of this machine: one calibration per machine, a preset file.
 
-  python experiments/calibrate_runtime.py --config=experiments/configs/calibrate_runtime.py \
-      --out=PRESET.json                                  # about 10 min, quiet machine
+  python experiments/calibrate_runtime.py --out=PRESET.json     # at most 10 minutes on a quiet 2-core machine
   python experiments/calibrate_runtime.py --config.calibration.fit_only=True --out=PRESET.json  # refit
-  python experiments/calibrate_runtime.py --out=jaxsprint/perf/data/cpu_runtime.json \
-      --config.calibration.fit_only=True --config.calibration.runs_from=docs/runtime-calibration-runs/results.json
+  python experiments/run_sprint.py --config=experiments/configs/sprint.py --machine_file=PRESET.json ...
 
 The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
-(network, data, optimizer) with ``config.calibration``, what is measured and fitted (``calibration.<field>``
-below). The calibration set (``jaxsprint.calibration.timing`` and ``jaxsprint.runtime`` here):
+(network, data, optimizer) with ``config.calibration``, what is measured and fitted. The calibration set:
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``sub_batches``, every
-     sample kept (the fit takes their mean), and the cores that step keeps busy (the start of the fit of
-     ``learner_step_cores``);
-  2. runtime runs (``runtime.run``, one host) for every learner count of ``learners`` and emulated network
-     time of ``network_times`` at ``run_sub_batch``, each ``duration_s`` long; their measured cycle means and
-     cvs after the warm-up (``runtime.events.statistics``);
-  3. all-reduces over 2 local processes (gloo) of the network's ``4P`` bytes and a sixteenth of it.
-``runs_from`` takes the runs of 2. from a ``results.json`` of ``experiments/validate_runtime.py`` (its
-calibration grid: 1 and 2 hosts, sub-batch 8-128) instead; they replace the stored runs, so that a later
-``fit_only`` refits the same set. Prefer them: the default runs (one host, one sub-batch) leave the two-host
-figures unfitted. Then ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and
-updater figures (and both cvs) from the ``cpu_runtime`` preset, holding the figures the data cannot determine
-(``host_fit.FIXED``) at their documented values. ``measurements`` gets the measurements (read back by
-``fit_only``); ``--out`` the preset: every figure with its source and relative standard error, the fit's
-summary and the command, a ``--machine_file`` for the launchers (shipped: ``jaxsprint/perf/data/cpu_runtime.json``).
+     sample kept (the fit takes their mean), and the cores that step keeps busy;
+  2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
+  3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
+     figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
+     sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), each as its
+     own processes (``experiments.runtime_runs``); ``runs=grid`` the one-host runs of ``learners`` x
+     ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
+     ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
+``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
+cvs), and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The
+measurements go to ``measurements`` (read back by ``fit_only``), the preset to ``--out``: every figure with
+its source and relative standard error, the design, the fit's summary and the command; ``run_sprint.py``,
+``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py`` take it as ``--machine_file``.
 """
 import os
 import sys
@@ -205,7 +201,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     allreduces = []
     if k.allreduce:
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
-        for a in timing.measure_allreduce(2, [max(4, p4 // 16), p4]):
+        for a in timing.measure_allreduce(2, [max(4, p4 // 16), max(4, p4 // 4), p4, 4 * p4], reps=20, rounds=3):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
     out = dict(gradient_steps=gradient_steps, step_cores=step_cores, allreduces=allreduces)
     if runs is not None:  # given (calibration.runs_from): none measured here

@@ -47,7 +47,7 @@ def test_the_design_determines_more_than_one_host_runs():
     assert np.all(jac[[i for i, e in enumerate(pool) if e.updater_device == "own"], col] == 0)
     assert np.any(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "shared"], col] > 0.01)
     chosen = design.select(jac, [20.0] * len(pool), 330.0, groups=design.strata(pool))
-    assert len(chosen) == 16 and {design.strata(pool)[i] for i in chosen} == set(design.strata(pool))
+    assert len(chosen) == 16 and {design.strata(pool)[i] for i in chosen} == set(design.strata(pool))  # 12 regimes
     old = [i for i, e in enumerate(pool) if e.hosts == 1 and e.sub_batch == 32 and e.network_ms in (0, 20)
            and e.updater_device == "shared"]
     assert len(old) == 8

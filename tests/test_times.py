@@ -93,7 +93,8 @@ def test_runtime_times_by_their_formulas():
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
     # Two hosts x four learners on two cores, 30 ms of network time.
     r = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
-    own = (host(4) + a + 4 * c) * (1 + sh)
+    share = 1.0 - np.exp(-8 * float(r.t_update_s) / float(r.t_compute_s))  # cycles that read the gradients
+    own = (host(4) * share + a + 4 * c) * (1 + sh)
     assert float(r.t_update_s) == pytest.approx(own + 0.03 + ring, rel=1e-5)
     beta = own / (own + 0.03 + ring)
     step = float(times.compute_time_s(net, m, 32.0, 8.0))
@@ -103,14 +104,16 @@ def test_runtime_times_by_their_formulas():
     assert float(r.t_compute_cv) == pytest.approx(float(h.learner_cv))
     # One host: no all-reduce and no stretch; one learner alone: its lone cycle dominates.
     one = hf.runtime_times(net, m, h, learners_per_host=1, hosts=1, sub_batch=32, network_time_s=0.0)
-    assert float(one.t_update_s) == pytest.approx(host(1) + a + c, rel=1e-5)
+    share1 = 1.0 - np.exp(-float(one.t_update_s) / float(one.t_compute_s))  # most cycles empty: no host passes
+    assert share1 < 0.5 and float(one.t_update_s) == pytest.approx(host(1) * share1 + a + c, rel=1e-4)
     step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
     assert float(one.t_compute_s) == pytest.approx(_smax(step1 + g, g / 0.5, p * step1 / (2 - cu)), rel=1e-5)
     # Separate machines: each host's learners alone on its cores, no stretch.
     apart = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
                              co_located=False)
     assert float(apart.t_compute_s) < float(r.t_compute_s)
-    assert float(apart.t_update_s) == pytest.approx((host(4) + a + 4 * c) + 0.03 + ring, rel=1e-5)
+    share_apart = 1.0 - np.exp(-8 * float(apart.t_update_s) / float(apart.t_compute_s))
+    assert float(apart.t_update_s) == pytest.approx((host(4) * share_apart + a + 4 * c) + 0.03 + ring, rel=1e-5)
     # Differentiable in the new figures (the search and the calibration take gradients): 8 learners on 2 cores
     # are bound by the cores, so T_c grows about in proportion to the step's cores.
     d = jax.grad(lambda x: hf.runtime_times(net, m, hf.with_figures(h, learner_step_cores=x), learners_per_host=4,
@@ -153,9 +156,10 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
         share = 1.0 - np.exp(-hosts * per_host * t_u / t_c)
         stretch = 1.5 if hosts > 1 else 1.0
         u0 = float(hf.runtime_update_time_s(net, rt, base, hosts, per_host, net_s, sharing_learners=hosts * per_host,
-                                            sub_batch=b))
-        assert t_u == pytest.approx(u0 + t_a * share * stretch, rel=1e-4)
+                                            sub_batch=b, nonempty=0.0))
         p4 = 4.0 * float(net.total_params)
+        t_host = (per_host + float(rt.updater_passes)) * p4 / float(rt.host_memory_bandwidth_bytes_per_s)
+        assert t_u == pytest.approx(u0 + (t_a + t_host) * share * stretch, rel=1e-4)
         ring = float(collectives.allreduce_time_s(p4, float(hosts), rt.network_latency_s,
                                                   rt.network_bandwidth_bytes_per_s)) if hosts > 1 else 0.0
         own = t_u - net_s - ring
@@ -204,3 +208,31 @@ def test_smooth_max_has_a_finite_gradient_where_both_are_zero():
     ga, gb = jax.grad(lambda x, y: times.smooth_max(x, y), argnums=(0, 1))(0.0, 0.0)
     assert np.isfinite(float(ga)) and np.isfinite(float(gb))
     assert float(times.smooth_max(0.0, 0.0)) < 1e-15
+
+
+def test_runtime_interpreter_lock_waits_by_their_formulas():
+    """The updater waits n_L times a cycle behind the learners' host work (rho = N_h g / T_c, an M/M/1 wait
+    g rho / (1 - rho)); a learner waits w_L per cycle behind a busy updater (w_L beta in its lone cycle); the
+    shared device adds w T_c per updater program (hand-computed at runtime_times' fixed point)."""
+    net = zoo.get("resnet8")
+    rt = mc.get("cpu_runtime")
+    g, n_l, w_l, w = 1e-3, 2.0, 3e-3, 0.25
+    base = hf.with_figures(_host(), learner_overhead_s=g, updater_lock_waits=0.0, learner_lock_wait_s=0.0,
+                           updater_shared_wait=0.0, updater_hosts_stretch=0.0)
+    m = hf.with_figures(base, updater_lock_waits=n_l, learner_lock_wait_s=w_l, updater_shared_wait=w)
+    kw = dict(learners_per_host=6, hosts=1, sub_batch=8, network_time_s=0.004)
+    for shared in (0.0, 1.0):
+        r = hf.runtime_times(net, rt, m, shared=shared, **kw)
+        t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
+        share = 1.0 - np.exp(-6 * t_u / t_c)
+        rho = min(0.95, 6 * g / t_c)
+        u0 = float(hf.runtime_update_time_s(net, rt, base, 1, 6, 0.004, sub_batch=8.0, nonempty=share))
+        assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * w * t_c * share, rel=2e-3)
+        beta = (t_u - 0.004) / t_u
+        step = float(times.compute_time_s(net, rt, 8.0, 6.0))
+        p = float(hf.step_cores(m, 8.0))
+        want = _smax(step + g + w_l * beta, 6 * g / (1 - beta / 2),
+                     6 * p * step / (float(m.cores_per_node) - beta * float(m.updater_cores)))
+        assert t_c == pytest.approx(want, rel=2e-3)
+    assert float(hf.runtime_times(net, rt, m, shared=1.0, **kw).t_update_s) > float(
+        hf.runtime_times(net, rt, m, **kw).t_update_s)

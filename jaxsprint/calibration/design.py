@@ -7,7 +7,7 @@ sensitivities ``d log T / d log theta`` of the chosen runs (two rows each). :fun
 of candidate configurations (:func:`candidates`: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms,
 both updater placements), the runs that most increase ``log det (J^T J + lambda I)`` per second of
 measuring (each run's start-up plus its planned length), until the budget is spent: the classic greedy
-algorithm for D-optimality with costs. :func:`predicted_rel_std_error` says before anything is measured how
+algorithm for D-optimality with costs, after one run of every regime (:func:`strata`). :func:`predicted_rel_std_error` says before anything is measured how
 well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
 (``jaxsprint.calibration.host_fit.fit_all(fix_undetermined=True)``).
 
@@ -82,11 +82,14 @@ def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float
     return np.where(seen & (sd < 20.0), np.expm1(np.minimum(sd, 20.0)), np.inf)
 
 
-def strata(entries: Sequence[Entry]) -> list[tuple]:
-    """Each entry's regime: ``(hosts, updater placement, network time > 0)``. :func:`select` takes one run of
-    every regime first, so that the design covers the space the form is judged on even where the form's own
-    sensitivities would not ask for it (a design is only as good as the form it is computed from)."""
-    return [(e.hosts, e.updater_device, e.network_ms > 0) for e in entries]
+def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
+    """Each entry's regime: ``(hosts, updater placement, network)`` with network ``none`` (the updater cycles
+    back to back), ``short`` (below ``long_network_ms``) or ``long`` (the updater mostly sleeps, the learners'
+    cycle is their own). :func:`select` takes one run of every regime first, so that the design covers the
+    space the form is judged on even where the form's own sensitivities would not ask for it (a design is only
+    as good as the form it is computed from)."""
+    return [(e.hosts, e.updater_device,
+             "none" if e.network_ms == 0 else "short" if e.network_ms < long_network_ms else "long") for e in entries]
 
 
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,

@@ -7,23 +7,24 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 
 .. math::
     T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
-    t_{lone} = T_c(b) + g, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
-    t_{cores} = \frac{N\,p(b)\,T_c(b)}{C - H \beta c_u}, \quad
-    p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
-    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad \beta = t_{own} / T_u, \\
-    t_{own} = \big((N_h + passes)\,4P/\beta_{host} + t_{overhead} + c\,N_h + q\,u\,T_c(b)
-              + t_{apply}\,(1 - e^{-N_{all} T_u / T_c})\big)\big(1 + s_H [nodes > 1]\big)
-              + w\,T_c\,\big(1 - e^{-N_{all} T_u / T_c} + [nodes > 1]\big)\,[shared]
+    t_{lone} = T_c(b) + g + w_L \beta, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
+    t_{cores} = \frac{N\,p(b)\,T_c(b)}{C - H \beta c_u}, \quad p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
+    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad \beta = t_{own} / T_u, \quad
+    \rho = \min(0.95, N_h g / T_c), \quad a = 1 - e^{-N_{all} T_u / T_c}, \\
+    t_{own} = \big(t_{overhead} + c\,N_h + q\,u\,T_c(b) + a\,(t_{apply} + (N_h + passes)\,4P/\beta_{host})\big)
+              \big(1 + s_H [nodes > 1]\big) + n_L\,g\,\tfrac{\rho}{1 - \rho} + w\,T_c\,(a + [nodes > 1])\,[shared]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
 (host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
 ``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``q`` = ``updater_queue`` once the learners
 fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` paid by the cycles that
-gather a gradient (Poisson arrivals; :func:`runtime_times` iterates the coupled pair), ``s_H`` =
+gather a gradient (``a``, Poisson arrivals; :func:`runtime_times` iterates the coupled pair; an empty cycle
+neither reads the gradients nor steps the optimizer), ``s_H`` =
 ``updater_hosts_stretch``, ``t_net`` the runtime's emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
-``w`` = ``updater_shared_wait``: with the updater's programs on the first learner's device (``shared``), each
-program of a cycle (the all-reduce with several hosts, the optimizer step of a non-empty cycle) waits behind
-that learner's step in flight, ``w T_c`` on average (about half a cycle where the device is always busy).
+Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
+work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
+busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
+each updater program (the all-reduce with several hosts, an optimizer step) waits ``w T_c`` behind its step.
 With the neutral figures (:func:`neutral`) the learner's cycle is the smooth maximum of ``T_c(b)`` and
 ``N T_c(b) / C`` and the updater's the SPRINT model's. The form, its screen and the shipped figures:
 docs/sprint-runtime.md. Host figures are the ``host`` section of a machine's preset file (one file per machine,
@@ -73,6 +74,8 @@ class HostFigures:
       updater_cores: ``c_u``, the units an updater takes while it works.
       updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
       updater_shared_wait: ``w``, the share of a learner cycle one updater program waits on a shared device.
+      updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
+      learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_cv: Coefficient of variation of the learner cycle.
       updater_cv: Coefficient of variation of the updater's own work.
       name: Name (static).
@@ -89,6 +92,8 @@ class HostFigures:
     updater_cores: jax.Array
     updater_apply_s: jax.Array
     updater_shared_wait: jax.Array
+    updater_lock_waits: jax.Array
+    learner_lock_wait_s: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="host")
@@ -108,6 +113,8 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_cores=(0.0, "neutral: 0 (the updater takes no compute unit from the learners)"),
     updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
     updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
+    updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
+    learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
     updater_cv=(0.0, "neutral: 0 (a deterministic updater cycle, the protocol's assumption)"),
 )
@@ -225,7 +232,7 @@ def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_d
     c = host.cores_per_node if cores is None else cores
     n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
     g = host.learner_overhead_s
-    lone = step + g
+    lone = step + g + host.learner_lock_wait_s * updater_busy
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
     units = n * step_cores(host, sub_batch) * step / jnp.maximum(1e-3, c - updater_demand)
     k = RUNTIME_SHARPNESS
@@ -250,7 +257,8 @@ def runtime_compute_time_s(network: NetworkCost, machine: Machine, host: HostFig
 
 def _update_parts(network, machine, host, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
                   sub_batch=None, co_located=True):
-    """``(own work of every cycle, own work of applying an update, the network's part)`` of the updater cycle."""
+    """``(own work of every cycle, own work of applying an update (reading the gradients and stepping the
+    optimizer), the network's part)`` of the updater cycle."""
     c = host.cores_per_node if cores is None else cores
     n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
@@ -262,10 +270,10 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
         full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
         t_queue = host.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
     stretch = (1.0 + jnp.where(h > 1, host.updater_hosts_stretch, 0.0)) if co_located else 1.0
-    t_base = (t_host + machine.updater_overhead_s + host.updater_per_learner_s * g + t_queue) * stretch
+    t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g + t_queue) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
-    return t_base, host.updater_apply_s * stretch, t_net + jnp.asarray(network_time_s, jnp.float32)
+    return t_base, (host.updater_apply_s + t_host) * stretch, t_net + jnp.asarray(network_time_s, jnp.float32)
 
 
 def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigures, nodes: jax.Array,
@@ -317,7 +325,9 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
 
     def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
-        t_own = t_base + t_apply * nonempty + shared_wait * t_c_before * (nonempty + programs)
+        rho = jnp.minimum(0.95, per_host * host.learner_overhead_s / t_c_before)  # the learners' lock share
+        t_lock = host.updater_lock_waits * host.learner_overhead_s * rho / (1.0 - rho)
+        t_own = t_base + t_apply * nonempty + shared_wait * t_c_before * (nonempty + programs) + t_lock
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,

@@ -42,11 +42,13 @@ __all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "SHARED_ONLY_FIELDS",
            "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_device", "fit_runtime",
            "gradient_step_seconds", "predict_runs"]
 
-COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "step_overhead_s")
+# The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
+# memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
+COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_bytes_per_s", "step_overhead_s")
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
-                  "learner_step_cores", "learner_step_cores_half_batch")
+                  "updater_lock_waits", "learner_lock_wait_s", "learner_step_cores", "learner_step_cores_half_batch")
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
@@ -58,12 +60,13 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
                   "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
-                  "updater_shared_wait": (1e-3, 2.0)}
+                  "updater_shared_wait": (1e-3, 2.0), "updater_lock_waits": (1e-3, 20.0),
+                  "learner_lock_wait_s": (1e-6, 0.05)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
-                 "updater_shared_wait": 0.5}
+                 "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined by
@@ -88,7 +91,7 @@ FIXED = {
                                            "sub-batch; fitted, it ran onto its lower bound, 0.5"),
 }
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
-                   "step_overhead_s": (1e-6, 1.0)}
+                   "memory_bandwidth_bytes_per_s": (1e9, 1e13), "step_overhead_s": (1e-6, 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,7 +429,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       seed: Seed of the random starts of stages 1 and 2.
       fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
       fix_undetermined: After stage 3, hold every host figure the runs do not determine (relative standard
-        error above :data:`UNDETERMINED_RSE`, or on a bound; the worst first) at its neutral value (0 for
+        error above :data:`UNDETERMINED_RSE`, or on its lower bound, where the form is flat; the worst first; a
+        figure on its upper bound is the form's limit, not the data's, and stays) at its neutral value (0 for
         ``updater_overhead_s``) and fit the rest again, until
         every fitted figure is determined; the held ones are in ``stages["fixed"]`` with their reasons.
 
@@ -444,14 +448,18 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
                                                         step_cores=step_cores, seed=seed, fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
     res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+    def bounds_of(f):
+        return RUNTIME_BOUNDS.get(f, (0.0, math.inf))
+
     while fix_undetermined:
+        low = {f for f in res.at_bound if res.fitted[f] <= bounds_of(f)[0] * 1.05}  # a term off: flat there
         loose = [f for f in res.rel_std_error if f in RUNTIME_FIELDS and f != STEP_CORES_FIELD and (
-            f in res.at_bound or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
+            f in low or (f not in res.at_bound and not res.rel_std_error[f] <= UNDETERMINED_RSE))]
         if not loose:
             break
-        worst = max(loose, key=lambda f: (f in res.at_bound, res.rel_std_error[f]))
+        worst = max(loose, key=lambda f: (f in low, res.rel_std_error[f]))
         value = hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0  # updater_overhead_s: 0
-        why = ("on a bound" if worst in res.at_bound else
+        why = ("on its lower bound" if worst in low else
                f"relative standard error {res.rel_std_error[worst]:.3g} > {UNDETERMINED_RSE:g}")
         fixed[worst] = (value, f"held at {value:g} (neutral), not fitted: the calibration runs do not determine it "
                                f"(fitted, it was {res.fitted[worst]:.4g}, {why})")
