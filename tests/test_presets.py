@@ -60,15 +60,18 @@ def test_a_runtime_preset_file_is_a_machine_file(tmp_path):
 
 def test_no_shipped_fitted_figure_sits_on_a_bound():
     """Every figure the shipped runtime calibration fitted has a finite relative standard error and ended inside
-    its bounds; the figures its data cannot determine are fixed (host_fit.FIXED), with the reason as source."""
+    its bounds; the figures its data cannot determine are held (the file's ``fixed``), with the reason as source."""
     with open(os.path.join(mc.DATA_DIR, "cpu_runtime.json")) as fh:
         data = json.load(fh)
     m, h = mc.get("cpu_runtime"), host.load_host(mc.get("cpu_runtime"), "cpu_runtime")
     sources = {**dict(m.sources), **dict(h.sources)}
     value = {**{f: float(getattr(m, f)) for f in mc.FIELDS}, **{f: float(getattr(h, f)) for f in host.FIELDS}}
-    assert data["fit"]["at_bound"] == [] and set(data["fixed"]) == set(host_fit.FIXED)
-    for f, (v, reason) in host_fit.FIXED.items():
-        assert value[f] == v and sources[f] == reason and f not in data["rel_std_error"], f
+    assert data["fit"]["at_bound"] == [] and data["fixed"]
+    held = data["fit"]["stages"]["fixed"]
+    assert set(held) == set(data["fixed"])
+    for f, v in data["fixed"].items():
+        assert value[f] == pytest.approx(v) and sources[f] == held[f]["reason"] and f not in data["rel_std_error"], f
+        assert "not fitted" in sources[f], f
     assert set(data["rel_std_error"]) == set(data["fitted"]) - {"learner_cv", "updater_cv"}
     for f, se in data["rel_std_error"].items():
         assert se is not None and 0 < se < 1e3, f

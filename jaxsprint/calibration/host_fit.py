@@ -370,7 +370,8 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                step_cores: float | None = None, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
     """Stages 1 and 2 of :func:`fit_all` (the lone step and the all-reduces; a stage without measurements is
-    skipped), with ``fixed`` held.
+    skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no memory-bound part in
+    the steps) is held there and added to ``fixed`` with its reason.
 
     Returns:
       ``(machine, host, fitted, rel_std_error, at_bound, stages)`` after the two stages.
@@ -379,7 +380,7 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
     stages: dict[str, Any] = {}
     rse: dict[str, float] = {}
     at_bound: list[str] = []
-    fixed = dict(fixed or {})
+    fixed = {} if fixed is None else fixed
     m, host = _with(machine, host, {f: jnp.float32(v) for f, (v, _) in fixed.items()})
     if step_cores is not None:
         check(isinstance(step_cores, (int, float)) and math.isfinite(step_cores) and step_cores > 0, "step_cores",
@@ -390,9 +391,19 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
     steps = list(steps)
     if steps:
         fields = [f for f in COMPUTE_FIELDS if f not in fixed][:len(steps)]
-        r = calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
-                          tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
-                          seed=seed)
+
+        def stage1(fields):
+            return calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
+                             tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
+                             seed=seed)
+
+        r = stage1(fields)
+        bw, top = "memory_bandwidth_bytes_per_s", _COMPUTE_BOUNDS["memory_bandwidth_bytes_per_s"][1]
+        if bw in r.at_bound and r.fitted[bw] > top / 1.05:  # the steps show no memory-bound part: terms off
+            fixed[bw] = (top, f"held at {top:g} B/s (the memory-bound layers' terms off), not fitted: the lone "
+                              "steps show no memory-bound part (fitted, it ran onto this upper bound)")
+            m = m.replace(**{bw: jnp.float32(top)})
+            r = stage1([f for f in fields if f != bw])
         m = r.machine
         fitted.update(r.fitted)
         rse.update(r.rel_std_error)
