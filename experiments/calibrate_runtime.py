@@ -130,10 +130,10 @@ def check_plan(config, sub_batches, learners, network_times):
             check(is_int(k[name]) and 1 <= k[name] <= 10**7, f"config.calibration.{name}", k[name],
                   "an integer in [1, 10000000]")
     probes = [(1, max(sub_batches), 0.0, "sub_batches")]  # the lone step
+    if learners:  # the grid's largest run (its fields are checked whichever runs are measured)
+        probes.append((max(learners), k.run_sub_batch, max(network_times), None))
     if learners and k.runs == "design":  # the design's largest run (8 learners, sub-batch 128, 100 ms)
         probes.append((8, 128, 0.1, None))
-    elif learners:
-        probes.append((max(learners), k.run_sub_batch, max(network_times), None))
     for n, b, nt, field in probes:
         c = copy.deepcopy(config)
         with c.unlocked():

@@ -212,8 +212,12 @@ def validate_runtime_cases():
         ("run_timeout_s=60", "run_timeout_s"),  # every run stopped before its planned length
         ("machine=nope", "machine"), ("machine_file=no_such.json", "machine_file"),
         ("machine_file=bad_figure.json", "machine_file"), ("no_such=1", "no_such"),
+        ("num_random=0", "num_random"), ("num_random=1.5", "num_random"), ("random_seed=-1", "random_seed"),
     ]
     cases = [(o + [v + arg], f + field) for arg, field in bad]
+    rnd = o + [v + "grid=random"]  # the held-out draw: loo would refit the preset to the drawn runs
+    cases += [(rnd + [v + "specs=loo"], f + "specs"), (rnd + [v + "num_random=100000"], f + "num_random"),
+              (rnd + [S + "updater_device=own"], "config.sprint.updater_device")]
     # The SPRINT config of every run (its overrides reach every run): refused here, not in each run.
     cases += [(o + argv, field) for argv, field in [
         ([S + "sub_batch=8"], "config.sprint.sub_batch"),  # set by the grid, not an override
@@ -259,6 +263,10 @@ def calibrate_runtime_cases():
         ("step_time_s=1e12", "step_time_s"),
         ("rounds=0", "rounds"), ("rounds=-1", "rounds"), (f"rounds={10**9}", "rounds"),
         ("allreduce=2", "allreduce"), ("fit_only=2", "fit_only"),
+        ("runs=both", "runs"), ("budget_s=0", "budget_s"), ("budget_s=nan", "budget_s"),
+        ("run_max_duration_s=1", "run_max_duration_s"), ("run_startup_s=-1", "run_startup_s"),
+        ("run_timeout_s=5", "run_timeout_s"), ("run_min_gradients=0", "run_min_gradients"),
+        ("run_min_updates=1.5", "run_min_updates"), ("fix_undetermined=2", "fix_undetermined"),
         ("measurements=afile/m.json", "measurements"), ("measurements=w", "measurements"),
         ("measurements=", "measurements"),
         ("runs_from=no_such.json", "runs_from"), ("runs_from=not_json.json", "runs_from"),
