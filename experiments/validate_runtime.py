@@ -5,8 +5,8 @@ r"""The SPRINT model judged against the real runtime over a grid of configuratio
   python experiments/validate_runtime.py --out=runs/validate_runtime --dry_run  # the plan and its time only
   python experiments/validate_runtime.py --out=/tmp/vr_quick --quick            # 2 tiny runs, about a minute
   python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
-  python experiments/validate_runtime.py --out=docs/runtime-calibration-runs \
-      --config.validation.grid=calibration   # the runs calibrate_runtime.py fits to (10 others, ~12 minutes)
+  python experiments/validate_runtime.py --config.validation.grid=random --config.validation.machine_file=P.json \
+      --out=runs/held_out          # 12 configurations drawn at random (held out from P's calibration), ~17 min
 
 The config (``experiments/configs/validate_runtime.py``, the default of ``--config``) is the SPRINT config of
 every run with ``config.validation`` (``validation.<field>`` below): the grid and the predictions. Each
@@ -18,11 +18,11 @@ the default, one more for its updater), long enough for at least ``min_gradients
 (the ``machine`` preset), and a run that falls short is repeated once, longer. Writes to --out: ``runs/<name>/``
 (each run's workdir, stdout and stderr), ``results.json``, ``results.csv``, ``summary.md`` (errors per
 configuration, their medians and 90th percentiles, from timings and from specs), ``errors.png`` and
-``config.json`` (the resolved config). Run it on a quiet machine: the learners share the cores.
+``config.json`` (the resolved config), with ``grid=random`` also per updater placement. Quiet machine only.
 
 The specs prediction (``specs``): ``loo`` (the default) predicts each run with the preset whose runtime figures
-(:data:`jaxsprint.calibration.host_fit.RUNTIME_FIELDS`) are refitted to the measured cycle means of the OTHER
-runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset`` uses the preset as it is.
+are refitted to the OTHER runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset``
+(the default of ``grid=random``: ``jaxsprint.calibration.grids.draw``) uses the preset as it is.
 ``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out and recomputes
 both predictions with the current model and preset (the specs one from the config with the overrides saved in
 ``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run

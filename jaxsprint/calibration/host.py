@@ -17,18 +17,16 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
 (host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
 ``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``q`` = ``updater_queue`` once the learners
-fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` paid by the cycles that
-gather a gradient (``a``, Poisson arrivals; :func:`runtime_times` iterates the coupled pair; an empty cycle
-neither reads the gradients nor steps the optimizer), ``s_H`` =
-``updater_hosts_stretch``, ``t_net`` the runtime's emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` and the host passes paid by
+the share ``a`` of cycles that gather a gradient (Poisson arrivals; :func:`runtime_times` iterates the coupled
+pair), ``s_H`` = ``updater_hosts_stretch``, ``t_net`` the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
 each updater program (the all-reduce with several hosts, an optimizer step) waits ``w T_c`` behind its step.
 With the neutral figures (:func:`neutral`) the learner's cycle is the smooth maximum of ``T_c(b)`` and
-``N T_c(b) / C`` and the updater's the SPRINT model's. The form, its screen and the shipped figures:
-docs/sprint-runtime.md. Host figures are the ``host`` section of a machine's preset file (one file per machine,
-the shipped ones in :data:`jaxsprint.perf.machines.DATA_DIR`; :func:`load_host`).
+``N T_c(b) / C`` and the updater's the SPRINT model's. The form and its figures: docs/sprint-runtime.md,
+docs/calibration.md; they are the ``host`` section of a machine's preset file (:func:`load_host`).
 """
 from __future__ import annotations
 
