@@ -18,7 +18,7 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
 cvs), and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The
 measurements go to ``measurements`` (read back by ``fit_only``), the preset to ``--out``: every figure with
-its source and relative standard error, the design, the fit's summary and the command; ``run_sprint.py``,
+its source and relative standard error, the fit's summary and the command (the design is in the measurements); ``run_sprint.py``,
 ``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py`` take it as ``--machine_file``.
 """
 import os
@@ -75,6 +75,9 @@ def _read_json(field, path, what):
     return data
 
 
+# What a runtime run's record keeps of its measured statistics (the fit reads the cycle means and cvs).
+_RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
+           "updates", "mean_staleness")
 # The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
 _RUN_FIELDS = {"config.sprint.learners_per_host": "learners", "config.sprint.sub_batch": "run_sub_batch",
                "config.sprint.network_time_s": "network_times", "config.sprint.duration_s": "duration_s",
@@ -159,8 +162,7 @@ def runs_from(path):
     runs = data.get("runs")
     check(isinstance(runs, list) and len(runs) > 0, "config.calibration.runs_from", path,
           "a results.json of experiments/validate_runtime.py with at least one run")
-    measured = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s",
-                "gradients", "updates", "mean_staleness")
+    measured = _RECORD
     out = []
     for r in runs:
         m = r.get("measured") if isinstance(r, dict) else None
@@ -207,7 +209,8 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     elif k.runs == "design":
-        return dict(out, runs=measure_design(config, out, log=log), design=_LAST_DESIGN)
+        runs, chosen = measure_design(config, out, log=log)
+        return dict(out, runs=runs, design=chosen)
     else:
         runs = []
     for n in learners:
@@ -233,9 +236,6 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     return dict(out, runs=runs)
 
 
-_RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
-           "updates", "mean_staleness")
-_LAST_DESIGN: dict = {}
 
 
 def _start(config, measurements):
@@ -259,7 +259,8 @@ def measure_design(config, measured, log=print):
     """The designed runtime runs (``calibration.runs=design``): the candidates' sensitivities at the preset
     with this machine's lone steps and all-reduces fitted, a greedy D-optimal choice within ``budget_s``
     (``jaxsprint.calibration.design``), then every chosen run as its own processes
-    (``experiments.runtime_runs``). Returns their records (a failed run is reported and left out)."""
+    (``experiments.runtime_runs``). Returns their records (a failed run is reported and left out) and the
+    design (the runs chosen, their planned lengths, the predicted relative standard errors)."""
     import shutil
     import tempfile
 
@@ -280,14 +281,13 @@ def measure_design(config, measured, log=print):
         plan.append(runtime_runs.plan_duration(tc, tu, e.hosts * e.learners_per_host, min_gradients=k.run_min_gradients,
                                                min_updates=k.run_min_updates, warmup_s=k.warmup_s,
                                                max_duration_s=k.run_max_duration_s))
-    fields = [f for f in host_fit.RUNTIME_FIELDS if f != "learner_step_cores"] + ["learner_step_cores"]
+    fields = list(host_fit.RUNTIME_FIELDS)
     jac = design.sensitivities(machine, host, net, pool, fields)
     cost = [k.run_startup_s + d for d in plan]
     chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool))
     rse = design.predicted_rel_std_error(jac, chosen)
-    _LAST_DESIGN.clear()
-    _LAST_DESIGN.update(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
-                        predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
+    chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
+                         predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
     log(f"design: {len(chosen)} runs, about {sum(cost[i] for i in chosen):.0f} s; predicted relative standard errors "
         + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
@@ -314,7 +314,7 @@ def measure_design(config, measured, log=print):
                 f"{rec['updates']} updates")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return records
+    return records, chosen_design
 
 
 def fit(config, measurements):

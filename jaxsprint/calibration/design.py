@@ -7,8 +7,8 @@ sensitivities ``d log T / d log theta`` of the chosen runs (two rows each). :fun
 of candidate configurations (:func:`candidates`: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms,
 both updater placements), the runs that most increase ``log det (J^T J + lambda I)`` per second of
 measuring (each run's start-up plus its planned length), until the budget is spent: the classic greedy
-algorithm for D-optimality with costs, after one run of every regime (:func:`strata`). :func:`predicted_rel_std_error` says before anything is measured how
-well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
+algorithm for D-optimality with costs, after one run of every regime (:func:`strata`).
+:func:`predicted_rel_std_error` says before anything is measured how well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
 (``jaxsprint.calibration.host_fit.fit_all(fix_undetermined=True)``).
 
 The sensitivities are taken at the preset's figures, a figure at 0 (a term off) at the fit's second start
@@ -20,7 +20,6 @@ import itertools
 import math
 from typing import Callable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxsprint.calibration import host_fit
@@ -50,20 +49,15 @@ def _runs(entries: Sequence[Entry]) -> list[host_fit.RuntimeRun]:
 
 def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, entries: Sequence[Entry],
                   fields: Sequence[str]) -> np.ndarray:
-    """``d log T / d log theta`` of every entry: rows ``T_c`` of each entry, then ``T_u`` of each; a column per
-    field (a figure at 0 taken at ``host_fit.RUNTIME_START``, module docstring)."""
-    fields = list(fields)
+    """``d log T / d log theta`` of every entry (:func:`jaxsprint.calibration.host_fit.sensitivities`): rows
+    ``T_c`` of each entry, then ``T_u`` of each; a column per field (a figure at 0 taken at
+    ``host_fit.RUNTIME_START``, module docstring)."""
     at = {}
     for f in fields:
-        v = host_fit._figure(machine, host, f)
+        v = host_fit.figure(machine, host, f)
         at[f] = v if v > 0 else host_fit.RUNTIME_START.get(f, 1e-3)
-    machine, host = host_fit._with(machine, host, {f: jnp.float32(v) for f, v in at.items()})
-    theta = jnp.log(jnp.asarray([at[f] for f in fields], jnp.float32))
-    runs = _runs(entries)
-    cols = jnp.asarray(host_fit._columns(runs))
-    zeros = jnp.zeros(len(runs), jnp.float32)
-    jac = host_fit._jacobian(theta, machine, host, network, cols, zeros, zeros, tuple(fields), True)
-    return np.asarray(jac, np.float64)
+    machine, host = host_fit.with_figures(machine, host, **at)
+    return host_fit.sensitivities(machine, host, network, _runs(entries), fields)
 
 
 def _pair(jac: np.ndarray, i: int, n: int) -> np.ndarray:

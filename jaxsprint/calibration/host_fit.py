@@ -38,9 +38,10 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "SHARED_ONLY_FIELDS", "UNDETERMINED_RSE", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
-           "RUNTIME_START", "STEP_CORES_FIELD", "RuntimeFit", "RuntimeRun", "cross_validate", "fit_all", "fit_device", "fit_runtime",
-           "gradient_step_seconds", "predict_runs"]
+__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+           "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
+           "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds", "predict_runs",
+           "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
@@ -221,6 +222,27 @@ def _log_residuals(log_theta, machine, host, network, cols, meas_c, meas_u, fiel
 
 
 _residuals, _jacobian = lsq.jax_pair(_log_residuals, static_argnums=(7, 8))
+
+
+def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun],
+                  fields: Sequence[str]) -> np.ndarray:
+    """``d log T / d log theta`` of every run at ``(machine, host)``: the rows ``T_c`` of each run, then ``T_u``
+    of each, a column per figure (every figure > 0), the Jacobian :func:`fit_runtime` fits with."""
+    fields = tuple(fields)
+    theta = jnp.log(jnp.asarray([_figure(machine, host, f) for f in fields], jnp.float32))
+    zeros = jnp.zeros(len(runs), jnp.float32)
+    jac = _jacobian(theta, machine, host, network, jnp.asarray(_columns(runs)), zeros, zeros, fields, True)
+    return np.asarray(jac, np.float64)
+
+
+def with_figures(machine: Machine, host: HostFigures, **values: Any) -> tuple[Machine, HostFigures]:
+    """``(machine, host)`` with ``values`` replaced, each figure in the structure it belongs to."""
+    return _with(machine, host, {f: jnp.float32(v) for f, v in values.items()})
+
+
+def figure(machine: Machine, host: HostFigures, field: str) -> float:
+    """A figure of the host or, if it is not a host's, of the machine."""
+    return _figure(machine, host, field)
 
 
 def _check_runs(runs: Sequence[RuntimeRun]) -> None:
@@ -442,8 +464,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       fix_undetermined: After stage 3, hold every host figure the runs do not determine (relative standard
         error above :data:`UNDETERMINED_RSE`, or on its lower bound, where the form is flat; the worst first; a
         figure on its upper bound is the form's limit, not the data's, and stays) at its neutral value (0 for
-        ``updater_overhead_s``) and fit the rest again, until
-        every fitted figure is determined; the held ones are in ``stages["fixed"]`` with their reasons.
+        ``updater_overhead_s``) and fit the rest again, until every fitted figure is determined; the held ones
+        are in ``stages["fixed"]`` with their reasons.
 
     Returns:
       :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
