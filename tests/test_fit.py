@@ -99,6 +99,11 @@ def test_several_starts_keep_the_best_and_a_start_that_overflows_loses():
     assert math.isinf(r.start_costs[0]) and math.isfinite(r.cost)
     none = fit.least_squares(g, [[-1.0]])
     assert math.isinf(none.cost) and not none.success
+    # A start whose descent reaches a non-finite Jacobian (scipy raises there) loses the same way.
+    h = lambda x: np.array([x[0] - 2.0])  # noqa: E731
+    hj = lambda x: np.array([[1.0 if x[0] > 1.0 else math.nan]])  # noqa: E731
+    r = fit.least_squares(h, [[0.5], [3.0]], jac=hj)
+    assert math.isinf(r.start_costs[0]) and r.x[0] == pytest.approx(2.0) and math.isfinite(r.cost)
 
 
 def test_the_weighted_soft_l1_is_the_per_residual_robust_loss():

@@ -175,8 +175,12 @@ def least_squares(fun: Callable[..., Any], x0: Sequence[float] | np.ndarray, *, 
         if not np.all(np.isfinite(r0)):
             costs.append(math.inf)
             continue
-        out = optimize.least_squares(f, s, jac=j, bounds=(lo, hi), method="trf", loss=opt_loss,
-                                     f_scale=f_scale, ftol=ftol, xtol=xtol, gtol=gtol, max_nfev=max_nfev)
+        try:
+            out = optimize.least_squares(f, s, jac=j, bounds=(lo, hi), method="trf", loss=opt_loss,
+                                         f_scale=f_scale, ftol=ftol, xtol=xtol, gtol=gtol, max_nfev=max_nfev)
+        except ValueError:  # the descent reached residuals or a Jacobian that are not finite: this start loses
+            costs.append(math.inf)
+            continue
         nfev += int(out.nfev)
         c = float(out.cost) if np.isfinite(out.cost) else math.inf
         costs.append(c)
