@@ -98,6 +98,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.async_emulation.t_compute_cv = 0.05
     c.async_emulation.t_update_s = 0.05
 
+    # The gradient noise scale B_simple = tr(Sigma) / |G|^2 (jaxsprint.train.noise; McCandlish et al. 2018) from
+    # the per-device gradients of every step; logged as noise_b_simple, summarised by progress in summary.json.
+    c.noise_scale = ml_collections.ConfigDict()
+    c.noise_scale.enabled = False   # needs devices x grad_accum_steps >= 2 and no synchronised BN across devices
+    c.noise_scale.ema_decay = 0.95  # smoothing of |G|^2 and tr(Sigma) for the logged ratio
+    c.noise_scale.num_windows = 8   # summary.json: B_simple (+- its standard error) over this many spans of steps
+
     # Loop.
     c.log_every_steps = 10
     c.eval_every_epochs = 10.0

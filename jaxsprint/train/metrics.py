@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxsprint import paths
+from jaxsprint.train import noise
 from jaxsprint.errors import NonFiniteError
 
 __all__ = ["HPARAM_METRICS", "MetricWriter", "Progress", "Trace", "Window", "add_histogram", "format_summary",
@@ -108,12 +109,14 @@ class Window:
       schedule: the learning rate of an update (0-based), written as ``lr``.
       global_batch: images per update.
       hist_sizes: ``{metric: (histogram name, number of values)}`` of the integer metrics to count.
+      noise: collects every step's noise-scale estimates and writes their moving averages (`noise.Tracker`).
     """
 
     def __init__(self, writer: MetricWriter, names: list[str], *, schedule: Callable, global_batch: int,
-                 hist_sizes: dict[str, tuple[str, int]]):
+                 hist_sizes: dict[str, tuple[str, int]], noise=None):
         self.writer, self.names, self.schedule, self.global_batch = writer, names, schedule, global_batch
         self.hist_sizes = hist_sizes
+        self.noise = noise
         self.pending: list[tuple[int, dict]] = []
         self.checked = 0  # pending entries whose guard has been checked
         self.last: dict[str, float] = {}
@@ -142,6 +145,9 @@ class Window:
         for metric, (key, size) in self.hist_sizes.items():
             if metric in fetched[0][1]:
                 self.hists[key] = add_histogram(self.hists.get(key), [m[metric] for _, m in fetched], size)
+        if self.noise is not None:
+            for s, m in fetched:
+                self.noise.add(s, m["noise_g2"], m["noise_trace"], m["accuracy"])
         now, speed = time.time(), {}
         if self._t is not None and now > self._t:
             self.seconds, self.timed = self.seconds + now - self._t, self.timed + len(fetched)
@@ -151,6 +157,8 @@ class Window:
         s, m = fetched[-1]
         self.last = {f"train_{k}": float(v) for k, v in m.items()}
         self.last["lr"] = float(self.schedule(s - 1))
+        if self.noise is not None:
+            self.last.update(self.noise.logged())
         self.writer.write(s, {**self.last, **speed})
         self.writer.write_histograms(s, self.hists)
 
@@ -266,9 +274,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("mean realised staleness", f"{_hist_mean(summary['staleness_hist']):.2f}"))
     if "minibatch_hist" in summary:
         rows.append(("mean sub-batches / update", f"{_hist_mean(summary['minibatch_hist']):.2f}"))
+    if summary.get("noise_scale"):
+        run = summary["noise_scale"]["run"]
+        rows.append(("noise scale B_simple", f"{run['b_simple']:.4g} +- {run['b_simple_se']:.2g} (whole run)"))
     rows += [
         ("train step time", f"{1000 * summary['step_time_s']:.1f} ms"),
         ("throughput", f"{summary['images_per_s']:.1f} img/s"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
     ]
+    if summary.get("noise_scale"):
+        return summary_table(rows) + "\n\n" + noise.format_report(summary["noise_scale"])
     return summary_table(rows)

@@ -10,7 +10,7 @@ import math
 
 from jaxsprint import cli
 from jaxsprint.emulation import adapter
-from jaxsprint.train import checkpoint, cpu, memory, models, optim, parallel, polish, run_config
+from jaxsprint.train import checkpoint, cpu, memory, models, noise, optim, parallel, polish, run_config
 from jaxsprint.train import data as data_lib
 from jaxsprint.errors import check, is_int, is_real
 
@@ -24,6 +24,7 @@ def validate_config(config, num_devices: int) -> None:
     optim.validate_config(config)
     polish.validate_config(config, num_devices)
     adapter.validate_config(config)
+    noise.validate_config(config, num_devices)
     checkpoint.validate_config(config)
     run_config.validate_config(config)
     validate_loop_config(config)

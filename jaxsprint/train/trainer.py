@@ -8,6 +8,7 @@ batch when BatchNorm statistics are global per micro-batch or absent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from typing import Any, Callable
@@ -23,7 +24,7 @@ from jaxsprint import paths
 from jaxsprint.emulation import adapter
 from jaxsprint.train import checkpoint, cpu, metrics as metrics_lib, models, optim, parallel, pipeline
 from jaxsprint.train import data as data_lib
-from jaxsprint.train import polish, run_config
+from jaxsprint.train import noise, polish, run_config
 from jaxsprint.emulation import staleness
 from jaxsprint.errors import CheckpointError, NonFiniteError
 from jaxsprint.train.settings import profile_range, validate_config  # validate_config re-exported
@@ -84,7 +85,8 @@ def _guard_vector(quantities: dict[str, Any]) -> jax.Array:
 
 def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, accum_steps: int = 1,
                     num_shards: int = 1, mesh: Mesh | None = None,
-                    grad_transform: Callable | None = None, unroll_accum: int = 8) -> Callable:
+                    grad_transform: Callable | None = None, unroll_accum: int = 8,
+                    measure_noise: bool = False) -> Callable:
     """Builds ``step(state, images, labels, weights=None) -> (state, metrics)``; pure, jit it once.
 
     Args:
@@ -97,6 +99,8 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
       grad_transform: optional ``(grads, state) -> grads`` applied before the optimizer (for experiments).
       unroll_accum: up to this many micro-batches are unrolled in the program (longer compile, but XLA:CPU
         runs convolutions in a loop body 6-40x slower); more are a ``lax.scan`` (constant program size).
+      measure_noise: compute the gradients per device (`noise.sharded_step_grads`, over `mesh`) and return
+        the gradient noise scale's per-step estimates ``noise_g2`` and ``noise_trace`` in the metrics.
 
     The loss is the weighted mean sum_i w_i CE_i / sum_i w_i over the global batch with per-example weights
     `weights` (default 1; the asynchronous emulator's random mini-batch uses them), so accumulation and
@@ -120,24 +124,24 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def step(state: TrainState, images, labels, weights=None):
-        if weights is None:
-            weights = jnp.ones(labels.shape, jnp.float32)
-        total_weight = jnp.maximum(jnp.sum(weights), 1e-12)
-        xs = tuple(_micro_batches(a, accum_steps, num_shards) for a in (images, labels, weights))
-        if mesh is not None:
+    def accumulate(params, batch_stats, images, labels, weights, total_weight, *, shards, constrain):
+        """Gradients, BN statistics, loss, correct and count summed over the micro-batches of `images`, and
+        the sum of the micro-batch gradients' squared norms when noise is measured."""
+        xs = tuple(_micro_batches(a, accum_steps, shards) for a in (images, labels, weights))
+        if constrain:
             xs = tuple(jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(None, parallel.DATA_AXIS)))
                        for a in xs)
 
         def body(carry, micro):
-            grads_acc, stats, loss_acc, correct_acc, count_acc = carry
-            (loss, (stats, correct, count)), grads = grad_fn(state.params, stats, *micro, total_weight)
+            grads_acc, stats, loss_acc, correct_acc, count_acc, sq_acc = carry
+            (loss, (stats, correct, count)), grads = grad_fn(params, stats, *micro, total_weight)
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
-            return (grads_acc, stats, loss_acc + loss, correct_acc + correct, count_acc + count), None
+            if measure_noise:
+                sq_acc = sq_acc + optax.tree.norm(grads, squared=True)
+            return (grads_acc, stats, loss_acc + loss, correct_acc + correct, count_acc + count, sq_acc), None
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        init = (zeros, state.batch_stats, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-                jnp.zeros((), jnp.float32))
+        zero = jnp.zeros((), jnp.float32)
+        init = (jax.tree.map(jnp.zeros_like, params), batch_stats, zero, zero, zero, zero)
         if accum_steps <= unroll_accum:
             # Unrolled: XLA:CPU runs convolutions inside a loop body several times slower than outside one.
             carry = init
@@ -145,7 +149,27 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
                 carry, _ = body(carry, tuple(a[i] for a in xs))
         else:
             carry, _ = jax.lax.scan(body, init, xs)
-        grads, new_stats, loss, correct, count = carry
+        return carry
+
+    if measure_noise:
+        if mesh is None:
+            raise ValueError("measure_noise needs the mesh")
+        sharded = noise.sharded_step_grads(functools.partial(accumulate, shards=1, constrain=False), mesh,
+                                           parallel.DATA_AXIS)
+
+    def step(state: TrainState, images, labels, weights=None):
+        if weights is None:
+            weights = jnp.ones(labels.shape, jnp.float32)
+        total_weight = jnp.maximum(jnp.sum(weights), 1e-12)
+        args = (state.params, state.batch_stats, images, labels, weights, total_weight)
+        if measure_noise:
+            grads, new_stats, loss, correct, count, small_sq = sharded(*args)
+            noise_metrics = noise.step_metrics(small_sq, grads, num_small=mesh.size * accum_steps,
+                                               global_batch=labels.shape[0])
+        else:
+            grads, new_stats, loss, correct, count, _ = accumulate(*args, shards=num_shards,
+                                                                   constrain=mesh is not None)
+            noise_metrics = {}
         if grad_transform is not None:
             grads = grad_transform(grads, state)
         new_state = state.apply_gradients(grads=grads, batch_stats=new_stats)
@@ -153,6 +177,7 @@ def make_train_step(*, model, num_classes: int, label_smoothing: float = 0.0, ac
             "loss": loss,
             "accuracy": correct / jnp.maximum(count, 1.0),
             "grad_norm": optax.tree.norm(grads),
+            **noise_metrics,
         }
         guard = _guard_vector({"loss": loss, "grad_norm": metrics["grad_norm"], "params": new_state.params,
                                "batch_stats": new_state.batch_stats, "opt_state": new_state.opt_state})
@@ -259,6 +284,11 @@ class Experiment:
             moments_fn=moments_fn, info=info)
 
 
+def measures_noise(config) -> bool:
+    """Whether the run measures the gradient noise scale (``config.noise_scale.enabled``)."""
+    return "noise_scale" in config and bool(config.noise_scale.enabled)
+
+
 def build_experiment(config) -> Experiment:
     """Validates `config`, opens the data, builds mesh, model, optimizer and the jitted functions."""
     mesh = parallel.make_mesh(config.num_devices)
@@ -281,7 +311,8 @@ def build_experiment(config) -> Experiment:
                                 **accel.model_kwargs())
     rep, dat = parallel.replicated(mesh), parallel.data_sharding(mesh)
     step = make_train_step(model=model, num_classes=dataset.num_classes, label_smoothing=config.label_smoothing,
-                           accum_steps=hp.accum_steps, num_shards=mesh.size, mesh=mesh)
+                           accum_steps=hp.accum_steps, num_shards=mesh.size, mesh=mesh,
+                           measure_noise=measures_noise(config))
     copts = accel.compiler_options
     train_step = jax.jit(step, in_shardings=(rep, dat, dat, dat), out_shardings=(rep, rep), donate_argnums=0,
                          compiler_options=copts)
@@ -372,7 +403,8 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
     a = config.async_emulation
     window = metrics_lib.Window(writer, guard_names(state), schedule=exp.schedule, global_batch=hp.global_batch,
                                 hist_sizes={"staleness": ("staleness_hist", a.max_staleness + 1),
-                                            "minibatch_k": ("minibatch_hist", a.num_sub_batches + 1)})
+                                            "minibatch_k": ("minibatch_hist", a.num_sub_batches + 1)},
+                                noise=noise.Tracker(config.noise_scale.ema_decay) if measures_noise(config) else None)
     trace = metrics_lib.Trace(profile_range(config), workdir)
     eval_every = every_steps(config.eval_every_epochs, hp.steps_per_epoch)
     ckpt_every = every_steps(config.checkpoint_every_epochs, hp.steps_per_epoch)
@@ -523,4 +555,9 @@ def _summary(exp: Experiment, step: int, window: metrics_lib.Window, last_eval: 
         "wall_time_s": wall_time,
     }
     summary.update({k: v.tolist() for k, v in window.hists.items()})
+    if window.noise is not None:
+        summary["noise_scale"] = noise.report(
+            window.noise, config.noise_scale.num_windows, model=config.model, dataset=config.dataset,
+            image_size=config.image_size, global_batch=hp.global_batch, num_small=exp.mesh.size * hp.accum_steps,
+            steps_per_epoch=hp.steps_per_epoch)
     return summary
