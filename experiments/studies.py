@@ -83,7 +83,8 @@ def _jsonable(value: Any) -> bool:
 def run_cell(config) -> dict[str, Any]:
     """Trains one configuration in a scratch directory; returns the JSON-able part of its summary.
 
-    Adds ``diverged`` (False) and ``loss_curve`` ([(step, train loss)]). A run that produces NaN/Inf
+    Adds ``diverged`` (False), ``loss_curve`` ([(step, train loss)]) and ``eval_curve`` ([(step, top-1)]).
+    A run that produces NaN/Inf
     (``NonFiniteError``) is reported with ``diverged=True``, the step, and NaN accuracies, not raised; any
     other error (a bad config) propagates.
     """
@@ -98,21 +99,22 @@ def run_cell(config) -> dict[str, Any]:
         out = {k: v for k, v in summary.items() if _jsonable(v)}
         out["diverged"] = False
         out["loss_curve"] = loss_curve(os.path.join(workdir, "metrics.jsonl"))
+        out["eval_curve"] = loss_curve(os.path.join(workdir, "metrics.jsonl"), "eval_accuracy")
         return out
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def loss_curve(path: str) -> list[tuple[int, float]]:
-    """(step, train_loss) of every record of a metrics.jsonl file that has one; [] if the file is missing."""
+def loss_curve(path: str, key: str = "train_loss") -> list[tuple[int, float]]:
+    """(step, value of `key`) of every record of a metrics.jsonl file that has one; [] if the file is missing."""
     if not os.path.exists(path):
         return []
     out = []
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            if "train_loss" in rec:
-                out.append((rec["step"], rec["train_loss"]))
+            if key in rec:
+                out.append((rec["step"], rec[key]))
     return out
 
 

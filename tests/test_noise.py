@@ -57,7 +57,8 @@ def test_batch_means_standard_error_matches_the_spread_of_autocorrelated_windows
 
 def test_moving_average_is_bias_corrected_and_by_progress_covers_every_step():
     ema = noise.ema_init()
-    assert np.isnan(noise.smoothed(ema)["noise_b_simple"])
+    assert noise.smoothed(ema) == {}
+    assert "noise_b_simple" not in noise.smoothed(noise.ema_update(ema, -1.0, 10.0, 0.95))
     ema = noise.ema_update(ema, 2.0, 10.0, 0.95)
     assert noise.smoothed(ema) == pytest.approx({"noise_g2_ema": 2.0, "noise_trace_ema": 10.0,
                                                  "noise_b_simple": 5.0})

@@ -107,6 +107,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Loop.
     c.log_every_steps = 10
+    c.stop_at_accuracy = 0.0        # > 0: end once the top-1 (mean of the last stop_evals evaluations) reaches it
+    c.stop_evals = 1
     c.eval_every_epochs = 10.0
     c.checkpoint_every_epochs = 20.0
     c.keep_checkpoints = 2

@@ -44,7 +44,8 @@ from jaxsprint.perf import search
 from jaxsprint.perf import space as spaces
 
 __all__ = ["LawFit", "NUM_PARAMS", "PlanResult", "Prior", "band", "candidates", "evaluate_plan", "fit_law",
-           "law_log_updates", "least_certain", "minibatch_ladder", "plan_search", "predict_log_updates"]
+           "law_log_updates", "least_certain", "measured_noise_prior", "minibatch_ladder", "plan_search",
+           "predict_log_updates"]
 
 NUM_PARAMS = 5
 MAX_LOG_UPDATES = math.log(1e12)  # reported predictions are capped here (a run that never gets there)
@@ -56,6 +57,24 @@ class Prior(NamedTuple):
 
     mean: tuple[float, ...] = (math.log(100.0), 0.0, math.log(0.05), math.log(1.5), 1.0)
     sd: tuple[float, ...] = (5.0, 4.0, 4.0, 1.0, 2.0)
+
+
+def measured_noise_prior(b_noise: float, b_noise_se: float, b_ref: float, prior: Prior | None = None) -> Prior:
+    """`prior` with ``log(B_noise / B_ref)`` taken from a measured noise scale (:mod:`jaxsprint.train.noise`).
+
+    Its mean is ``log(b_noise / b_ref)`` and its sd the measurement's relative standard error (the delta
+    method, at least 0.01), so a fit takes B_noise from the measurement, as uncertain as it is, and fits S_min
+    and the staleness factor from the runs.
+
+    Raises:
+      ConfigError: `b_noise` not finite and > 0, `b_noise_se` not finite and >= 0.
+    """
+    check(math.isfinite(b_noise) and b_noise > 0, "b_noise", b_noise, "a measured noise scale, finite and > 0")
+    check(math.isfinite(b_noise_se) and b_noise_se >= 0, "b_noise_se", b_noise_se, "a standard error, finite, >= 0")
+    prior = Prior() if prior is None else prior
+    mean, sd = list(prior.mean), list(prior.sd)
+    mean[1], sd[1] = math.log(b_noise / b_ref), max(b_noise_se / b_noise, 0.01)
+    return Prior(tuple(mean), tuple(sd))
 
 
 # ----------------------------------------------------------------------------------------------

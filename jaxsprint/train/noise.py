@@ -123,11 +123,12 @@ def ema_update(ema: Ema, g2: float, trace: float, decay: float) -> Ema:
 
 
 def smoothed(ema: Ema) -> dict[str, float]:
-    """``noise_g2_ema``, ``noise_trace_ema`` and their ratio ``noise_b_simple`` (nan before the first step)."""
+    """``noise_g2_ema``, ``noise_trace_ema`` and their ratio ``noise_b_simple``; {} before the first step, and no
+    ratio while the averaged |G|^2 is not positive (the gradient is lost in its noise)."""
     if ema.weight <= 0:
-        return {"noise_g2_ema": math.nan, "noise_trace_ema": math.nan, "noise_b_simple": math.nan}
+        return {}
     g2, trace = ema.g2 / ema.weight, ema.trace / ema.weight
-    return {"noise_g2_ema": g2, "noise_trace_ema": trace, "noise_b_simple": trace / g2 if g2 > 0 else math.inf}
+    return {"noise_g2_ema": g2, "noise_trace_ema": trace, **({"noise_b_simple": trace / g2} if g2 > 0 else {})}
 
 
 @dataclasses.dataclass(frozen=True)

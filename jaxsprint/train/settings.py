@@ -68,6 +68,11 @@ def validate_loop_config(config) -> None:
           config.log_every_steps, "allowed: an integer >= 0 (0: only at the end)")
     check(is_int(config.keep_checkpoints) and config.keep_checkpoints >= 1, "config.keep_checkpoints",
           config.keep_checkpoints, "allowed: an integer >= 1")
+    stop = config.get("stop_at_accuracy", 0.0)
+    check(is_real(stop) and 0 <= stop <= 1, "config.stop_at_accuracy", stop,
+          "allowed: a fraction in [0, 1] (0: train the whole schedule)")
+    k = config.get("stop_evals", 1)
+    check(is_int(k) and k >= 1, "config.stop_evals", k, "allowed: an integer >= 1")
     check(isinstance(config.progress_bar, bool), "config.progress_bar", config.progress_bar, "True or False")
     steps = config.num_train_steps if is_int(config.num_train_steps) and config.num_train_steps > 0 else None
     profile_range(config, steps)

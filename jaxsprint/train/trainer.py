@@ -363,6 +363,10 @@ def train_and_evaluate(config, workdir: str, *, stop_after_steps: int | None = N
     written), and writes `config` as the run's config.json. `stop_after_steps` ends the loop early (at that
     many total updates, after checkpointing) to emulate an interruption; schedules are unaffected.
 
+    With ``config.stop_at_accuracy`` > 0 the loop ends at the first evaluation where the mean accuracy of the
+    last ``config.stop_evals`` evaluations reaches it (the summary's ``steps`` is then the updates to that
+    accuracy, at the evaluation interval's resolution).
+
     With ``config.polish.mode`` "no_augment_epochs" or "both", the last k epochs train on un-augmented
     images; with "recompute" or "both" the BatchNorm statistics are recomputed after the last step, and
     evaluation reports the EMA and the polished statistics side by side. The last checkpoint holds both
@@ -411,6 +415,7 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
     end_step = hp.total_steps if stop_after_steps is None else min(stop_after_steps, hp.total_steps)
     progress = metrics_lib.Progress(config.progress_bar, hp.total_steps, start_step)
     last_eval: dict[str, float] = {}
+    recent: list[float] = []  # this process's evaluation accuracies, for config.stop_at_accuracy
     step = start_step
     try:
         for step, images, labels, weights, k in _step_inputs(exp, batches, start_step, end_step):
@@ -426,6 +431,11 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
                 progress.say(f"step {step}/{hp.total_steps} (epoch {step / hp.steps_per_epoch:.1f}): eval "
                              f"accuracy {100 * last_eval['accuracy']:.2f}% loss {last_eval['loss']:.4f}")
                 window.pause()
+                recent.append(last_eval["accuracy"])
+                if reached_target(config, recent):
+                    progress.say(f"stopped at step {step}: eval accuracy (mean of the last "
+                                 f"{config.stop_evals}) reached config.stop_at_accuracy={config.stop_at_accuracy}")
+                    break
             if step < end_step and is_time(step, ckpt_every, end_step):
                 window.check()  # never a checkpoint of a state after a non-finite step
                 checkpoint.save(mgr, step, state, _checkpoint_extras(exp, state), batches)
@@ -443,6 +453,13 @@ def _loop(exp: Experiment, workdir: str, mgr, writer, state: TrainState, batches
     if jax.process_index() == 0:
         (paths.as_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary, state, polished_stats
+
+
+def reached_target(config, accuracies: list[float]) -> bool:
+    """Whether the mean of the last ``config.stop_evals`` evaluations' accuracy reaches
+    ``config.stop_at_accuracy`` (> 0; the mean steadies the stop where the test set is small)."""
+    target, k = config.get("stop_at_accuracy", 0.0), config.get("stop_evals", 1)
+    return 0 < target and len(accuracies) >= k and float(np.mean(accuracies[-k:])) >= target
 
 
 def _evaluate(exp: Experiment, step: int, variables, name: str = "eval_loss") -> dict[str, float]:
