@@ -74,8 +74,10 @@ def resolve(config) -> dict[str, Any]:
     if config.target_accuracy is None:
         raise ConfigError("config.target_accuracy", None, "a fraction in (0, 1]; the field is required")
     planner.check_target_accuracy(config.target_accuracy)
-    check(config.model in emulator.PROXY_MODELS, "config.model", config.model,
-          f"one of {', '.join(emulator.PROXY_MODELS)} (proxy networks)")
+    from jaxsprint.train import models
+
+    check(config.model in emulator.PROXY_MODELS + tuple(models.MODELS), "config.model", config.model,
+          f"one of {', '.join(emulator.PROXY_MODELS)} (proxy networks) or of the zoo: {', '.join(models.MODELS)}")
     from jaxsprint.train import data as data_lib
     check(config.data in data_lib.BUILTIN or bool(config.data_dir), "config.data", config.data,
           f"one of {', '.join(data_lib.BUILTIN)}, or a TFDS dataset name with config.data_dir")
@@ -110,12 +112,17 @@ def resolve(config) -> dict[str, Any]:
         if not config.network:
             raise ConfigError("network", config.network, f"one of {', '.join(sorted(zoo.ZOO))}")
         net = zoo.get(config.network)
-    data = emulator.load_proxy_data(config.data, data_dir=config.data_dir)
-    dataset_size = config.dataset_size or data.num_train
-    scale = config.minibatch_scale if config.minibatch_scale is not None else dataset_size / data.num_train
+    if config.model in emulator.PROXY_MODELS:
+        data = emulator.load_proxy_data(config.data, data_dir=config.data_dir)
+        em = emulator.Emulator(data, config.model, seeds=config.seeds, max_updates=config.max_updates,
+                               eval_every=config.eval_every, momentum=config.momentum, width=config.width)
+        num_train = data.num_train
+    else:
+        em = network_emulator(config)
+        num_train = em.num_train
+    dataset_size = config.dataset_size or num_train
+    scale = config.minibatch_scale if config.minibatch_scale is not None else dataset_size / num_train
     settings = planner.settings_from_config(config, minibatch_scale=scale)
-    em = emulator.Emulator(data, config.model, seeds=config.seeds, max_updates=config.max_updates,
-                           eval_every=config.eval_every, momentum=config.momentum, width=config.width)
     with cli.as_config_fields():
         space = spaces.make_space(net, machine, max_nodes=config.max_nodes,
                                   max_gpus_per_node=config.max_gpus_per_node, max_sub_batch=config.max_sub_batch,
@@ -127,6 +134,30 @@ def resolve(config) -> dict[str, Any]:
                 cache=emulator.RunCache(config.cache_dir or None))
 
 
+def network_emulator(config):
+    """The emulator that trains the zoo model ``config.model`` itself on ``config.data`` (jaxsprint.plan.network):
+    the default training config with the plan's data, momentum and no augmentation, label smoothing or weight
+    decay (as the proxies train)."""
+    from experiments.configs import default
+    from jaxsprint.plan import network
+    from jaxsprint.train import data as data_lib
+    from jaxsprint.train import settings as train_settings
+
+    c = default.get_config()
+    c.model, c.dataset, c.data_dir = config.model, config.data, config.data_dir
+    c.image_size = config.image_size or (8 if config.data == data_lib.DIGITS else 28)
+    c.optimizer.name, c.optimizer.momentum, c.optimizer.weight_decay = "sgd", config.momentum, 0.0
+    c.augment.kind, c.label_smoothing, c.zero_init_last_bn = "none", 0.0, True
+    try:
+        data_lib.validate_config(c)
+    except ConfigError as e:
+        raise ConfigError("config.image_size" if "image_size" in e.field else e.field, e.value, e.allowed) from None
+    em = network.NetworkEmulator(c, seeds=config.seeds, max_updates=config.max_updates,
+                                 eval_every=config.eval_every, target_accuracy=config.target_accuracy)
+    train_settings.check_memory(c)
+    return em
+
+
 def _fmt(v, spec=".4g", none="-"):
     return none if v is None else format(v, spec)
 
@@ -134,10 +165,13 @@ def _fmt(v, spec=".4g", none="-"):
 def table(report: dict[str, Any], setup: dict[str, Any]) -> str:
     """Human-readable report."""
     space, em = setup["space"], setup["emulator"]
+    opts = setup["opts"]
+    noise = ("fitted" if opts.b_noise is None else
+             f"measured: {opts.b_noise:.4g} +- {opts.b_noise_se:.2g} of its samples")
     lines = [f"plan: {space.network.name} on {space.machine.name}; target test accuracy "
-             f"{report['target_accuracy']:g} of the proxy {em.model} (width {em.width}) on {em.data.name} at "
-             f"{em.data.image_size}x{em.data.image_size}, lr rule {setup['opts'].lr_rule}, {em.seeds} seeds, "
-             f"{em.max_updates} updates per run; 1 proxy sample = {setup['scale']:.4g} cluster samples",
+             f"{report['target_accuracy']:g} of {em.describe()}, lr rule {opts.lr_rule}, {em.seeds} seeds, "
+             f"{em.max_updates} updates per run; 1 emulated sample = {setup['scale']:.4g} cluster samples; "
+             f"B_noise {noise}",
              f"runs: {report['runs']['used']} used ({report['runs']['trained']} trained, "
              f"{report['runs']['cached']} from the cache); {report['seconds']['total']:.0f} s in all"]
     head = (f"  {'':12s} {'nodes':>5s} {'gpus':>4s} {'sub':>5s} {'epoch s':>9s} {'mini-batch':>10s} {'stale':>6s}"

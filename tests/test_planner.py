@@ -27,6 +27,9 @@ class LawEmulator:
     def key_fields(self):
         return {"law": TRUE.tolist(), "ceiling": self.ceiling}
 
+    def describe(self):
+        return "the known law"
+
     def run(self, spec):
         self.specs.append(spec)
         u_true = math.exp(float(law.law_log_updates(TRUE, spec.mean_minibatch, spec.mean_staleness, B_REF)))
@@ -83,6 +86,21 @@ def test_planner_recovers_the_law_and_picks_the_known_optimum(space):
     assert report["speedup_over_sprint_rule"] >= 1.0 - 1e-6
     for r in report["candidates"]:
         assert r["predicted_updates_low"] <= r["predicted_updates"] <= r["predicted_updates_high"]
+
+
+@pytest.mark.slow  # about 20 s, as above
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+def test_a_measured_noise_scale_is_the_laws_b_noise_and_s_min_is_fitted(space, factor):
+    b_noise = math.exp(TRUE[1]) * B_REF * factor  # the truth, or three times it
+    opts = _settings(target_accuracy=TARGET, budget_runs=4, initial_runs=4, search_starts=4, b_noise=b_noise,
+                     b_noise_se=0.01 * b_noise)
+    report = planner.run_plan(space, LawEmulator(), emulator.RunCache(None), opts,
+                              minibatch_targets=[16.0, 64.0, 256.0], staleness_limits=[4.0, math.inf])
+    f = report["fit"]
+    assert report["b_noise_source"] == "measured" and report["describes"] == "the known law"
+    assert f["b_noise"] == pytest.approx(b_noise, rel=0.03)
+    if factor == 1.0:  # the measurement is right: S_min comes out as the truth
+        assert f["s_min"] == pytest.approx(math.exp(TRUE[0]), rel=0.1)
 
 
 def test_a_target_no_run_reaches_gives_the_best_reached(space):

@@ -26,11 +26,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.network = config_dict.placeholder(str)        # network of the zoo (jaxsprint.perf.zoo)
     c.target_accuracy = config_dict.placeholder(float)  # test accuracy to reach, in (0, 1]; required
 
-    # The proxy that is trained in the emulator (jaxsprint.plan.emulator).
+    # What the emulated runs train: a proxy at 8x8 (jaxsprint.plan.emulator: mlp, cnn, tiny_nobn) or the network
+    # itself, any model of the zoo trained by the trainer (jaxsprint.plan.network: resnet8, resnet20, ...).
     c.data = "digits"               # digits, mnist5k, or a TFDS dataset prepared in data_dir
     c.data_dir = config_dict.placeholder(str)       # directory of a prepared TFDS dataset
-    c.model = "mlp"                 # proxy network: mlp or cnn (8x8 inputs)
+    c.model = "mlp"                 # mlp, cnn or tiny_nobn (proxies), or a zoo model such as resnet8
     c.width = 64                    # hidden width of the proxy
+    c.image_size = config_dict.placeholder(int)     # a zoo model's input side (None: the data's own, 8 or 28)
+    # A measured gradient noise scale of that network on that data (its samples; experiments/configs/
+    # noise_scale.py): the law then takes B_noise from it and fits S_min and the staleness factor only.
+    c.b_noise = config_dict.placeholder(float)
+    c.b_noise_se = 0.0
 
     # The configuration space (None: the machine's, or the largest sub-batch that fits, at most 4096).
     c.max_nodes = config_dict.placeholder(int)

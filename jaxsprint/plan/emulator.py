@@ -377,6 +377,11 @@ class Emulator:
         self.min_bucket = int(min_bucket)
         self._compiled: dict[tuple, Callable] = {}
 
+    def describe(self) -> str:
+        """What the runs train, for the plan's report."""
+        d = self.data
+        return f"the proxy {self.model} (width {self.width}) on {d.name} at {d.image_size}x{d.image_size}"
+
     def key_fields(self) -> dict[str, Any]:
         """Everything of the emulator a run's result depends on (for the cache key)."""
         d = self.data

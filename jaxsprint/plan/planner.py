@@ -67,6 +67,9 @@ class PlanSettings:
       initial_runs: Runs of the space-filling first design, at most budget_runs.
       runs_per_round: Runs added per round where the fit is least certain.
       search_starts: Starts of each gradient search.
+      b_noise: A measured gradient noise scale of the emulated network on its data (its samples; None: the
+        law fits B_noise too); the fit takes it as B_noise (times minibatch_scale), with
+      b_noise_se: its standard error (:func:`jaxsprint.plan.law.measured_noise_prior`).
     """
 
     target_accuracy: float = 0.95
@@ -80,6 +83,8 @@ class PlanSettings:
     initial_runs: int = 8
     runs_per_round: int = 2
     search_starts: int = 8
+    b_noise: float | None = None
+    b_noise_se: float = 0.0
 
     def validate(self) -> None:
         """Raises :class:`ConfigError` naming the config field of the first bad value."""
@@ -101,6 +106,11 @@ class PlanSettings:
                   f"an integer in [1, {most}]")
         check(self.initial_runs <= self.budget_runs, "config.initial_runs", self.initial_runs,
               f"at most config.budget_runs={self.budget_runs} (the first design is part of the budget)")
+        check(self.b_noise is None or (isinstance(self.b_noise, (int, float)) and math.isfinite(self.b_noise)
+                                       and self.b_noise > 0), "config.b_noise", self.b_noise,
+              "None (fitted) or a measured noise scale > 0 (experiments/configs/noise_scale.py measures it)")
+        check(isinstance(self.b_noise_se, (int, float)) and math.isfinite(self.b_noise_se) and self.b_noise_se >= 0,
+              "config.b_noise_se", self.b_noise_se, "a standard error >= 0")
 
 
 def settings_from_config(config: Any, **resolved: Any) -> PlanSettings:
@@ -197,11 +207,18 @@ def _design_points(cands: Sequence[search.Candidate]) -> np.ndarray:
     return np.asarray([[math.log(c.mean_minibatch), math.log1p(c.mean_staleness)] for c in cands])
 
 
-def _fit(cands, cells: dict[int, Cell]) -> plan_lib.LawFit:
+def _fit(cands, cells: dict[int, Cell], opts: PlanSettings) -> plan_lib.LawFit:
+    """The law over the cells run so far; B_noise from `opts.b_noise` (in cluster samples) when measured."""
     idx = sorted(cells)
-    return plan_lib.fit_law([cands[i].mean_minibatch for i in idx], [cands[i].mean_staleness for i in idx],
-                            [cells[i].log_updates for i in idx], [cells[i].log_var for i in idx],
-                            [cells[i].censored for i in idx])
+    b = [cands[i].mean_minibatch for i in idx]
+    b_ref = float(np.exp(np.mean(np.log(b))))
+    prior = None
+    if opts.b_noise is not None:
+        prior = plan_lib.measured_noise_prior(opts.b_noise * opts.minibatch_scale,
+                                              opts.b_noise_se * opts.minibatch_scale, b_ref)
+    return plan_lib.fit_law(b, [cands[i].mean_staleness for i in idx], [cells[i].log_updates for i in idx],
+                            [cells[i].log_var for i in idx], [cells[i].censored for i in idx], b_ref=b_ref,
+                            prior=prior)
 
 
 def _row(c: search.Candidate, fit: plan_lib.LawFit | None, cell: Cell | None, role: str) -> dict[str, Any]:
@@ -284,7 +301,7 @@ def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.R
     fit = None
     while True:
         if any(not c.censored for c in cells.values()):
-            fit = _fit(cands, cells)
+            fit = _fit(cands, cells, opts)
         if len(cells) >= budget:
             break
         done = [i in cells for i in range(len(cands))]
@@ -299,7 +316,8 @@ def run_plan(space: spaces.Space, emulator: emulator.Emulator, cache: emulator.R
     t_runs = time.perf_counter() - t1
     report: dict[str, Any] = {
         "target_accuracy": opts.target_accuracy, "options": dataclasses.asdict(opts),
-        "emulator": emulator.key_fields(),
+        "emulator": emulator.key_fields(), "describes": emulator.describe(),
+        "b_noise_source": "fitted" if opts.b_noise is None else "measured",
         "runs": {"used": len(cells), "trained": cache.misses - trained_before,
                  "cached": len(cells) - (cache.misses - trained_before)},
         "reached": fit is not None,

@@ -1,0 +1,162 @@
+r"""Emulated runs of the network the plan is for: the trainer under a candidate's predicted draws.
+
+:class:`NetworkEmulator` stands where :class:`jaxsprint.plan.emulator.Emulator` stands in the planner (the same
+``run(spec) -> RunResult``, ``key_fields`` and ``max_updates``), but trains a network of the zoo
+(``jaxsprint.train.models``) on any dataset the trainer reads, through
+`jaxsprint.train.trainer.train_and_evaluate` with ``config.async_emulation``: each update's gradient is
+``tau`` updates stale (the delayed-gradient transform) and its mini-batch is ``m`` examples of a batch of
+``bucket`` (one example per sub-batch, ``m`` drawn from the spec's mini-batch pmf). So the plan's numbers
+describe that network on that data, not an 8x8 proxy.
+
+**Empty cycles.** The trainer's random mini-batch never draws ``m = 0`` (an update with no gradient changes
+nothing, so it draws again), and the spec's staleness pmf is already the one of non-empty updates. The
+planner counts every updater cycle, so a run's ``s`` trained updates are ``s / (1 - P(m = 0))`` cycles; its
+evaluation points and its length are reported in cycles.
+
+**BatchNorm.** Statistics are taken over the whole bucket (zero-weight examples included) on one device: the
+mini-batch changes the gradient's noise, not BN's. Models without BN (``tiny_nobn``) have no such effect.
+
+**Cost.** A run is ``seeds`` trainings of at most ``max_updates`` cycles each, stopped once the mean of the
+last 3 evaluations reaches the target (later evaluations repeat the last one). A measured noise scale lets
+the planner fit only S_min and the staleness factor, so fewer runs are needed (docs/planning.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from jaxsprint.errors import ConfigError, check
+from jaxsprint.plan import emulator
+from jaxsprint.train import data as data_lib
+from jaxsprint.train import models, optim
+
+__all__ = ["NetworkEmulator", "STOP_EVALS", "VERSION"]
+
+VERSION = 1      # bump when a change here changes the runs' results (the cache key holds it)
+STOP_EVALS = 3   # evaluations averaged for the stop at the target
+
+
+class NetworkEmulator:
+    """Trains `base`'s network under a :class:`jaxsprint.plan.emulator.RunSpec`'s draws.
+
+    Args:
+      base: a training config (``experiments/configs/default.py`` form) naming the model, dataset, image size,
+        optimizer (its momentum and weight decay are the updater's) and BN; batch, devices, schedule, learning
+        rate, evaluation and the emulation are set per run.
+      seeds: trainings per run (sequential; seeds 0..seeds-1 offset by ``base.seed``).
+      max_updates: cycles per run at most (a run that has not reached the target by then is censored).
+      eval_every: cycles between evaluations.
+      target_accuracy: stop a training once it is reached (None: train max_updates cycles).
+
+    Raises:
+      ConfigError: a model outside the zoo, or bad sizes.
+    """
+
+    def __init__(self, base, *, seeds: int = 2, max_updates: int = 1500, eval_every: int = 25,
+                 target_accuracy: float | None = None):
+        check(base.model in models.MODELS, "config.model", base.model,
+              f"one of {', '.join(emulator.PROXY_MODELS)} (proxies) or of the zoo: {', '.join(models.MODELS)}")
+        for field, v, most in (("config.seeds", seeds, 64), ("config.max_updates", max_updates, emulator.MAX_UPDATES),
+                               ("config.eval_every", eval_every, emulator.MAX_UPDATES)):
+            check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most, field, v,
+                  f"an integer in [1, {most}]")
+        check(eval_every <= max_updates, "config.eval_every", eval_every,
+              f"at most config.max_updates={max_updates} (at least one evaluation in a run)")
+        self.base, self.model, self.seeds = base, base.model, seeds
+        self.eval_every = eval_every
+        self.num_evals = -(-max_updates // eval_every)
+        self.max_updates = self.num_evals * eval_every
+        self.target_accuracy = target_accuracy
+        self.min_bucket = 1
+        self.num_train = data_lib.load_dataset(base).num_train
+
+    def describe(self) -> str:
+        b = self.base
+        return (f"the network {b.model} on {b.dataset} at {b.image_size}x{b.image_size} (trained by the trainer, "
+                f"{b.optimizer.name} momentum {b.optimizer.momentum})")
+
+    def key_fields(self) -> dict[str, Any]:
+        """Everything a run's result depends on beside the spec (for the cache key)."""
+        b = self.base
+        return {"version": emulator.CACHE_VERSION, "network_version": VERSION, "model": b.model,
+                "data": b.dataset, "data_dir": b.data_dir, "image_size": b.image_size, "num_train": self.num_train,
+                "optimizer": b.optimizer.to_dict(), "bn": b.bn.to_dict(), "dtype": b.dtype, "seed": b.seed,
+                "label_smoothing": b.label_smoothing, "augment": b.augment.to_dict(), "seeds": self.seeds,
+                "max_updates": self.max_updates, "eval_every": self.eval_every, "target": self.target_accuracy}
+
+    def training_config(self, spec: emulator.RunSpec, seed: int):
+        """The trainer's config of one training of a run: the draws of `spec`, seed `seed`."""
+        bucket = int(2 ** math.ceil(math.log2(max(spec.max_minibatch, self.min_bucket, 1))))
+        p_empty = float(spec.minibatch_pmf[0])
+        check(p_empty < 1, "minibatch_pmf", spec.minibatch_pmf[:4].tolist(), "some mass on non-empty updates")
+        k_pmf = np.zeros(bucket + 1)
+        k_pmf[1:spec.max_minibatch + 1] = spec.minibatch_pmf[1:spec.max_minibatch + 1]
+        stale = np.trim_zeros(np.asarray(spec.staleness_pmf, np.float64), "b")
+        steps = max(1, math.ceil(self.max_updates * (1 - p_empty)))
+        c = copy.deepcopy(self.base)
+        with c.unlocked():
+            c.seed = int(self.base.seed + seed)
+            c.batch_size, c.eval_batch_size = bucket, max(bucket, 256)
+            c.num_devices, c.grad_accum_steps = 1, 1
+            c.bn.reduction = "global"
+            c.num_train_steps = steps
+            c.lr.base, c.lr.scaling, c.lr.schedule, c.lr.warmup_epochs = spec.learning_rate, "none", "constant", 0.0
+            spe = optim.derive_hparams(c, self.num_train).steps_per_epoch
+            c.eval_every_epochs = max(1.0, self.eval_every * (1 - p_empty)) / spe
+            c.checkpoint_every_epochs, c.keep_checkpoints = 0.0, 1
+            c.stop_at_accuracy = self.target_accuracy or 0.0
+            c.stop_evals = STOP_EVALS
+            c.polish.mode, c.progress_bar, c.log_every_steps = "none", False, 0
+            c.noise_scale.enabled = False
+            a = c.async_emulation
+            a.enabled, a.sampler, a.max_staleness = True, "pmf", len(stale) - 1
+            a.pmf = tuple(float(v) for v in stale / stale.sum())
+            a.mitigation = spec.mitigation
+            a.num_sub_batches, a.k_pmf = bucket, tuple(float(v) for v in k_pmf / k_pmf.sum())
+        return c, 1.0 / (1 - p_empty)
+
+    def run(self, spec: emulator.RunSpec, seed: int = 0) -> emulator.RunResult:
+        """Trains ``self.seeds`` copies under `spec`; the accuracy curves at every ``eval_every`` cycles."""
+        from jaxsprint.train import trainer
+
+        grid = self.eval_every * np.arange(1, self.num_evals + 1, dtype=np.float64)
+        curves = np.zeros((self.seeds, grid.size))
+        t0 = time.perf_counter()
+        for s in range(self.seeds):
+            config, cycles_per_step = self.training_config(spec, seed * self.seeds + s)
+            workdir = tempfile.mkdtemp(prefix="jaxsprint-plan-run-")
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # the plan's report is the output, not the runs'
+                    trainer.train_and_evaluate(config, workdir)
+                steps, acc = _eval_curve(workdir)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if not steps.size:
+                raise ConfigError("config.max_updates", self.max_updates, "long enough for one evaluation")
+            # The accuracy at each grid point: the last evaluation at or before it (0 before the first);
+            # after a stop at the target, the last evaluation holds.
+            at = np.searchsorted(steps * cycles_per_step, grid, side="right") - 1
+            curves[s] = np.where(at >= 0, acc[np.maximum(at, 0)], 0.0)
+        return emulator.RunResult(grid, curves, False, time.perf_counter() - t0)
+
+
+def _eval_curve(workdir: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, top-1) of a run's evaluations, from its metrics.jsonl."""
+    steps, acc = [], []
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "eval_accuracy" in rec:
+                steps.append(rec["step"])
+                acc.append(rec["eval_accuracy"])
+    return np.asarray(steps, np.float64), np.asarray(acc, np.float64)

@@ -1,0 +1,58 @@
+"""jaxsprint.plan.network: the planner's emulated runs of a zoo network through the trainer."""
+import tempfile
+
+import numpy as np
+import pytest
+
+from experiments.configs import default
+from jaxsprint.errors import ConfigError
+from jaxsprint.plan import emulator, network
+from jaxsprint.train import trainer
+
+
+def _base(model="tiny_nobn"):
+    c = default.get_config()
+    c.model, c.dataset, c.image_size = model, "digits", 8
+    c.optimizer.name, c.optimizer.momentum, c.optimizer.weight_decay = "sgd", 0.5, 0.0
+    c.augment.kind, c.label_smoothing = "none", 0.0
+    return c
+
+
+def _spec(staleness, minibatch, lr=0.1):
+    s = np.zeros(emulator.MAX_STALENESS + 1)
+    s[:len(staleness)] = staleness
+    return emulator.RunSpec(s, np.asarray(minibatch, np.float64), lr)
+
+
+def test_a_runs_config_draws_the_specs_pmfs_and_counts_empty_cycles():
+    em = network.NetworkEmulator(_base(), seeds=2, max_updates=400, eval_every=20, target_accuracy=0.9)
+    mb = np.zeros(21)
+    mb[0], mb[10], mb[20] = 0.5, 0.25, 0.25  # half of the cycles are empty
+    config, cycles_per_step = em.training_config(_spec([0.5, 0.3, 0.2], mb), seed=1)
+    a = config.async_emulation
+    assert config.batch_size == 32 and a.num_sub_batches == 32  # one example per sub-batch, a power of two
+    assert a.k_pmf[0] == 0 and a.k_pmf[10] == pytest.approx(0.5) and a.k_pmf[20] == pytest.approx(0.5)
+    assert a.pmf == pytest.approx((0.5, 0.3, 0.2)) and a.max_staleness == 2 and a.sampler == "pmf"
+    assert cycles_per_step == pytest.approx(2.0) and config.num_train_steps == 200
+    assert config.seed == 1 and config.stop_at_accuracy == 0.9 and config.lr.base == pytest.approx(0.1)
+    assert "resnet8" in network.NetworkEmulator(_base("resnet8"), seeds=1).describe()
+    with pytest.raises(ConfigError, match="config.model"):
+        network.NetworkEmulator(_base("mlp"))
+
+
+def test_a_run_without_staleness_at_the_full_bucket_is_synchronous_training():
+    em = network.NetworkEmulator(_base(), seeds=1, max_updates=40, eval_every=10)
+    full = np.zeros(33)
+    full[32] = 1.0
+    result = em.run(_spec([1.0], full))
+    assert result.updates.tolist() == [10.0, 20.0, 30.0, 40.0]
+    # The same training with the emulation off: the plain trainer's evaluations.
+    config, _ = em.training_config(_spec([1.0], full), seed=0)
+    with config.unlocked():
+        config.async_emulation.enabled = False
+    with tempfile.TemporaryDirectory() as d:
+        trainer.train_and_evaluate(config, d)
+        steps, acc = network._eval_curve(d)
+    assert steps.tolist() == [10, 20, 30, 40]
+    np.testing.assert_allclose(result.accuracy[0], acc, atol=1e-6)
+    assert result.accuracy[0, -1] > 0.2  # it learned (10 classes: chance is 0.1)
