@@ -112,7 +112,7 @@ def resolve(config) -> dict[str, Any]:
         if not config.network:
             raise ConfigError("network", config.network, f"one of {', '.join(sorted(zoo.ZOO))}")
         net = zoo.get(config.network)
-    if config.model in emulator.PROXY_MODELS:
+    if config.model in emulator.PROXY_MODELS and not config.train_config:
         data = emulator.load_proxy_data(config.data, data_dir=config.data_dir)
         em = emulator.Emulator(data, config.model, seeds=config.seeds, max_updates=config.max_updates,
                                eval_every=config.eval_every, momentum=config.momentum, width=config.width)
@@ -134,20 +134,40 @@ def resolve(config) -> dict[str, Any]:
                 cache=emulator.RunCache(config.cache_dir or None))
 
 
-def network_emulator(config):
-    """The emulator that trains the zoo model ``config.model`` itself on ``config.data`` (jaxsprint.plan.network):
-    the default training config with the plan's data, momentum and no augmentation, label smoothing or weight
-    decay (as the proxies train)."""
+def training_base(config):
+    """The training config the network's runs start from: ``config.train_config``'s (its model, data, image
+    size, BN, augmentation), or the default one with the plan's model and data, no augmentation, label
+    smoothing or weight decay (as the proxies train); momentum SGD at the plan's ``config.momentum`` either way.
+
+    Raises:
+      ConfigError: a train_config that cannot be loaded, or a plan field that contradicts it.
+    """
     from experiments.configs import default
+    from jaxsprint.train import data as data_lib
+
+    if config.train_config:
+        c = cli.load_config_file("config.train_config", config.train_config)
+        defaults = {"model": "mlp", "data": "digits", "image_size": None, "data_dir": None}
+        theirs = {"model": c.model, "data": c.dataset, "image_size": c.image_size, "data_dir": c.data_dir}
+        for field, default_value in defaults.items():
+            check(config[field] in (default_value, theirs[field]), f"config.{field}", config[field],
+                  f"left out with config.train_config, which sets it ({theirs[field]!r})")
+    else:
+        c = default.get_config()
+        c.model, c.dataset, c.data_dir = config.model, config.data, config.data_dir
+        c.image_size = config.image_size or (8 if config.data == data_lib.DIGITS else 28)
+        c.optimizer.weight_decay, c.augment.kind, c.label_smoothing = 0.0, "none", 0.0
+    c.optimizer.name, c.optimizer.momentum = "sgd", config.momentum
+    return c
+
+
+def network_emulator(config):
+    """The emulator that trains the network itself (jaxsprint.plan.network) from `training_base`."""
     from jaxsprint.plan import network
     from jaxsprint.train import data as data_lib
     from jaxsprint.train import settings as train_settings
 
-    c = default.get_config()
-    c.model, c.dataset, c.data_dir = config.model, config.data, config.data_dir
-    c.image_size = config.image_size or (8 if config.data == data_lib.DIGITS else 28)
-    c.optimizer.name, c.optimizer.momentum, c.optimizer.weight_decay = "sgd", config.momentum, 0.0
-    c.augment.kind, c.label_smoothing, c.zero_init_last_bn = "none", 0.0, True
+    c = training_base(config)
     try:
         data_lib.validate_config(c)
     except ConfigError as e:

@@ -28,7 +28,7 @@ from jaxsprint import paths
 from jaxsprint.errors import ConfigError, JaxsprintError
 
 __all__ = ["as_config_fields", "check_output_dir", "check_output_file", "config_beside_outputs",
-           "define_config_file", "fail", "float_list", "guarded", "override_error",
+           "define_config_file", "fail", "float_list", "guarded", "load_config_file", "override_error",
            "parse_flags", "run", "text_list", "write_config"]
 
 
@@ -56,6 +56,20 @@ def _load_config_file(flag_name: str, path: str, parser):
     if isinstance(config, cf._ErrorConfig):  # what ml_collections returns for a file it cannot open
         raise ConfigError(f"--{flag_name}", path, f"{allowed} (no such file, or not readable)")
     return config
+
+
+def load_config_file(field: str, path: str):
+    """The ConfigDict of an ml_collections config file named by a config field (e.g. a plan's training config).
+
+    Raises:
+      ConfigError: naming `field`: the file cannot be opened or loaded.
+    """
+    from ml_collections.config_flags import config_flags as cf
+
+    try:
+        return _load_config_file(field, path, cf.ConfigFileFlagParser(field))
+    except ConfigError as e:
+        raise ConfigError(field, path, e.allowed) from None
 
 
 def _has_field(config, dotted: str) -> bool:

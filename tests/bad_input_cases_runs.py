@@ -169,10 +169,22 @@ def plan_cases():
         ("cache_dir=afile", "config.cache_dir"), ("cache_dir=afile/sub", "config.cache_dir"),
         ("holdout=-1", "config.holdout"), (f"holdout={10**6}", "config.holdout"),
         ("no_such=1", "config.no_such"),
+        # The network itself, and a measured noise scale.
+        ("b_noise=-1", "config.b_noise"), ("b_noise=nan", "config.b_noise"), ("b_noise=inf", "config.b_noise"),
+        ("b_noise_se=-1", "config.b_noise_se"), ("b_noise_se=nan", "config.b_noise_se"),
     ]
     cases += [(t + [C + arg], field) for arg, field in bad]
     if UNWRITABLE:
         cases.append((t + [C + f"cache_dir={UNWRITABLE}"], "config.cache_dir"))
+    cases += [(t + [C + "model=resnet8", C + arg], field) for arg, field in (
+        ("image_size=2", "config.image_size"), ("image_size=1000", "config.image_size"),
+        ("seeds=0", "config.seeds"), ("eval_every=5000", "config.eval_every"))]
+    noise = os.path.join(CONFIGS, "noise_scale.py")
+    cases += [(t + [C + a for a in args], field) for args, field in (
+        (["train_config=no_such_config.py"], "config.train_config"),
+        ([f"train_config={noise}", "model=resnet20"], "config.model"),
+        ([f"train_config={noise}", "data=mnist5k"], "config.data"),
+        ([f"train_config={noise}", "image_size=28"], "config.image_size"))]
     rt = t + ["--workdir=fresh"]
     cases += [
         (t + [C + "runtime_configs=2:16:0,4:16:0.01"], "--workdir"),
@@ -358,4 +370,14 @@ def train_cases():
         ("profile_steps=(-1, 2)", "config.profile_steps"), ("profile_steps=(0, 100000000)", "config.profile_steps"),
         ("profile_steps=(0.5, 2)", "config.profile_steps"), ("profile_steps=a,b", "config.profile_steps"),
         ("profile_steps=(1, 2, 3)", "config.profile_steps"),
-    ]]
+        # Measuring the noise scale, and stopping at a target.
+        ("noise_scale.ema_decay=1.0", "config.noise_scale.ema_decay"),
+        ("noise_scale.ema_decay=nan", "config.noise_scale.ema_decay"),
+        ("noise_scale.num_windows=0", "config.noise_scale.num_windows"),
+        ("noise_scale.enabled=2", "config.noise_scale.enabled"),
+        ("stop_at_accuracy=1.5", "config.stop_at_accuracy"), ("stop_at_accuracy=nan", "config.stop_at_accuracy"),
+        ("stop_evals=0", "config.stop_evals"),
+    ]] + [(t + [C + "noise_scale.enabled=True"] + [C + a for a in args], "config.noise_scale.enabled") for args in (
+        ["bn.reduction=global"], ["num_devices=1"],
+        ["async_emulation.enabled=True", "async_emulation.num_sub_batches=4",
+         "async_emulation.k_pmf=(0.0,0.5,0.5)"])]

@@ -26,6 +26,7 @@ TESTING = os.path.join(CONFIGS, "testing.py")
 DEFAULT = os.path.join(CONFIGS, "default.py")
 POLISH_STUDY = os.path.join(CONFIGS, "polish_study.py")
 ASYNC_STUDY = os.path.join(CONFIGS, "async_study.py")
+NOISE_STUDY = os.path.join(CONFIGS, "noise_study.py")
 TIMEOUT_S = 240
 
 # ---------------------------------------------------------------------------------------------------------
@@ -407,6 +408,29 @@ def _study_async_cases():
     ]
 
 
+def _study_noise_cases():
+    s, c = [f"--config={NOISE_STUDY}", "--out=study/n"], "--config.study."
+    return [
+        (["--out=study/n"], "--config"),
+        ([f"--config={TESTING}", "--out=study/n"], "config.study"),
+        (s + [c + "batch_sizes=(0, 64)"], "config.study.batch_sizes"),
+        (s + [c + "batch_sizes=(24, 128)"], "config.study.batch_sizes"),
+        (s + [c + "batch_sizes=()"], "config.study.batch_sizes"),
+        (s + [c + "reference_batch=256", c + "batch_sizes=(16, 128)"], "config.study.reference_batch"),
+        (s + [c + "reference_batch=16"], "config.study.reference_batch"),
+        (s + [c + "seeds=(0.5,)"], "config.study.seeds"),
+        (s + [c + "seeds=(-1,)"], "config.seed"),
+        (s + [c + "warmup_steps=-1"], "config.study.warmup_steps"),
+        (s + [c + "eval_every_examples=0"], "config.study.eval_every_examples"),
+        (s + [c + "examples_per_device=0"], "config.study.examples_per_device"),
+        (s + ["--config.stop_at_accuracy=0"], "config.stop_at_accuracy"),
+        (s + ["--config.lr.base=nan"], "config.lr.base"),
+        (s + ["--config.bn.group_size=3"], "config.bn.group_size"),
+        (s + ["--out=afile/n"], "--out"),
+        (s + ["extra"], "arguments"),
+    ]
+
+
 CASES = {
     "train.py": _train_cases() + bad_input_cases_runs.train_cases(),  # + the resume and profiling fields
     "polish.py": _polish_cases(),
@@ -416,6 +440,7 @@ CASES = {
     "validate_model.py": _validate_model_cases(),
     "study_polish.py": _study_polish_cases(),
     "study_async.py": _study_async_cases(),
+    "study_noise.py": _study_noise_cases(),
     **bad_input_cases_runs.CASES,  # run_sprint, plan, validate_runtime, calibrate_runtime, study_emulator
 }
 

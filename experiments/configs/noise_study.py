@@ -39,6 +39,6 @@ def get_config():
     c.study.seeds = (0, 1, 2)
     c.study.reference_batch = 128    # the batch whose measured B_simple predicts the others
     c.study.warmup_steps = 20
-    c.study.eval_every_examples = 1536  # training examples between evaluations (at least one step)
+    c.study.eval_every_examples = 512   # training examples between evaluations (at least one step)
     c.study.examples_per_device = 16
     return c

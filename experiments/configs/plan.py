@@ -33,6 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = "mlp"                 # mlp, cnn or tiny_nobn (proxies), or a zoo model such as resnet8
     c.width = 64                    # hidden width of the proxy
     c.image_size = config_dict.placeholder(int)     # a zoo model's input side (None: the data's own, 8 or 28)
+    # Or a training config file whose model, data, image size, BN and augmentation the runs train (batch,
+    # schedule, learning rate and momentum stay the plan's), e.g. experiments/configs/noise_scale.py.
+    c.train_config = ""
     # A measured gradient noise scale of that network on that data (its samples; experiments/configs/
     # noise_scale.py): the law then takes B_noise from it and fits S_min and the staleness factor only.
     c.b_noise = config_dict.placeholder(float)
