@@ -135,7 +135,7 @@ def analyse(base, results) -> dict:
     b_noise = float(np.mean(ref["b_simple"]))
     se = float(max(np.sqrt(np.sum(np.square(ref["b_simple_se"]))) / len(ref["b_simple"]),
                    np.std(ref["b_simple"], ddof=1) / np.sqrt(len(ref["b_simple"])) if len(ref["b_simple"]) > 1 else 0))
-    fit_rows = [r for r in rows if r["steps"]]
+    fit_rows = [r for r in rows if r["steps"]]  # a batch no seed brought to the target is reported, not fitted
     args = ([r["batch"] for r in fit_rows], [0.0] * len(fit_rows), [r["log_steps"] for r in fit_rows],
             [r["log_var"] for r in fit_rows])
     measured = law.fit_law(*args, b_ref=st.reference_batch,
@@ -164,7 +164,8 @@ def write_report(base, results):
     rows = [[r["batch"], min(r["batch"] // st.examples_per_device, 8), f"{r['reached']}/{r['runs']}",
              fmt(r["steps"]), f"{math.exp(r['log_steps']):.4g}" if r["steps"] else "-",
              " / ".join(f"{b:.3g} ± {e:.2g}" for b, e in zip(r["b_simple"], r["b_simple_se"])) or "-",
-             f"{r.get('predicted_measured', math.nan):.4g}", f"{100 * r.get('error_measured', math.nan):+.1f}%",
+             f"{r.get('predicted_measured', math.nan):.4g}",
+             f"{100 * r['error_measured']:+.1f}%" if math.isfinite(r.get("error_measured", math.nan)) else "-",
              f"{r.get('predicted_fitted', math.nan):.4g}"] for r in a["rows"]]
     table = studies.markdown_table(
         ["batch", "devices", "reached", "steps per seed", "geo. mean", "B_simple, last quarter (per seed)",
