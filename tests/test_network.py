@@ -30,8 +30,12 @@ def test_a_runs_config_draws_the_specs_pmfs_and_counts_empty_cycles():
     mb[0], mb[10], mb[20] = 0.5, 0.25, 0.25  # half of the cycles are empty
     config, cycles_per_step = em.training_config(_spec([0.5, 0.3, 0.2], mb), seed=1)
     a = config.async_emulation
-    assert config.batch_size == 32 and a.num_sub_batches == 32  # one example per sub-batch, a power of two
+    assert config.batch_size == 20 and a.num_sub_batches == 20  # one example per sub-batch, the largest draw
     assert a.k_pmf[0] == 0 and a.k_pmf[10] == pytest.approx(0.5) and a.k_pmf[20] == pytest.approx(0.5)
+    tail = np.zeros(1001)
+    tail[1:1000], tail[1000] = 0.9995 / 999, 0.0005  # a rare huge draw is lumped at the 99.9% mini-batch
+    lumped, _ = em.training_config(_spec([1.0], tail), seed=0)
+    assert lumped.batch_size == 999 and sum(lumped.async_emulation.k_pmf) == pytest.approx(1.0)
     assert a.pmf == pytest.approx((0.5, 0.3, 0.2)) and a.max_staleness == 2 and a.sampler == "pmf"
     assert cycles_per_step == pytest.approx(2.0) and config.num_train_steps == 200
     assert config.seed == 1 and config.stop_at_accuracy == 0.9 and config.lr.base == pytest.approx(0.1)
@@ -55,4 +59,19 @@ def test_a_run_without_staleness_at_the_full_bucket_is_synchronous_training():
         steps, acc = network._eval_curve(d)
     assert steps.tolist() == [10, 20, 30, 40]
     np.testing.assert_allclose(result.accuracy[0], acc, atol=1e-6)
+    # A run that diverges counts as never reaching the target from there on.
+    diverging = em.run(_spec([1.0], full, lr=1e6))
+    assert np.all(diverging.accuracy[0, -2:] == 0.0)
     assert result.accuracy[0, -1] > 0.2  # it learned (10 classes: chance is 0.1)
+
+
+def test_the_stall_check_resumes_bit_for_bit_and_stops_a_run_that_does_not_learn():
+    full = np.zeros(33)
+    full[32] = 1.0
+    plain = network.NetworkEmulator(_base(), seeds=1, max_updates=160, eval_every=10)
+    checked = network.NetworkEmulator(_base(), seeds=1, max_updates=160, eval_every=10, target_accuracy=0.99)
+    a, b = plain.run(_spec([1.0], full, lr=0.3)), checked.run(_spec([1.0], full, lr=0.3))
+    np.testing.assert_array_equal(a.accuracy, b.accuracy)  # checked at 40 updates, resumed, never stopped
+    frozen = checked.run(_spec([1.0], full, lr=1e-7))
+    assert np.all(frozen.accuracy[0, 4:] == 0.0)  # stopped at the check: never reaches the target
+    assert network.stalled(np.array([0.1, 0.12, 0.15]), 0.95) and not network.stalled(np.array([0.1, 0.3]), 0.95)

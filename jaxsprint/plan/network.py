@@ -8,6 +8,12 @@ r"""Emulated runs of the network the plan is for: the trainer under a candidate'
 ``bucket`` (one example per sub-batch, ``m`` drawn from the spec's mini-batch pmf). So the plan's numbers
 describe that network on that data, not an 8x8 proxy.
 
+**Batch.** Each run trains at its own batch: the mini-batch below which 99.9% of its non-empty draws fall
+(the rest are lumped there), so a run's cost follows its candidate's mini-batch. A run that diverges (the
+trainer's non-finite guard) counts as never reaching the target from there on, and so does a training that
+has gone less than 10% of the way from its first evaluation to the target in the first quarter of its updates
+(`stalled`: such runs, at high staleness and large batches, cost the most and do not arrive).
+
 **Empty cycles.** The trainer's random mini-batch never draws ``m = 0`` (an update with no gradient changes
 nothing, so it draws again), and the spec's staleness pmf is already the one of non-empty updates. The
 planner counts every updater cycle, so a run's ``s`` trained updates are ``s / (1 - P(m = 0))`` cycles; its
@@ -35,15 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from jaxsprint.errors import ConfigError, check
+from jaxsprint.errors import ConfigError, NonFiniteError, check
 from jaxsprint.plan import emulator
 from jaxsprint.train import data as data_lib
 from jaxsprint.train import models, optim
 
-__all__ = ["NetworkEmulator", "STOP_EVALS", "VERSION"]
+__all__ = ["NetworkEmulator", "STOP_EVALS", "VERSION", "stalled"]
 
-VERSION = 1      # bump when a change here changes the runs' results (the cache key holds it)
+VERSION = 2      # bump when a change here changes the runs' results (the cache key holds it)
 STOP_EVALS = 3   # evaluations averaged for the stop at the target
+TAIL_MASS = 0.999  # the share of non-empty mini-batch draws a run's batch covers exactly
+STALL_CHECK, STALL_PROGRESS = 0.25, 0.1  # a training that has not gone 10% of the way to the target in 25% of
+                                         # its updates is stopped (it would take the longest and never arrive)
 
 
 class NetworkEmulator:
@@ -77,7 +86,7 @@ class NetworkEmulator:
         self.num_evals = -(-max_updates // eval_every)
         self.max_updates = self.num_evals * eval_every
         self.target_accuracy = target_accuracy
-        self.min_bucket = 1
+        self.min_bucket = 1  # the planner's hint for the proxies' shared compilation; unused here
         self.num_train = data_lib.load_dataset(base).num_train
 
     def describe(self) -> str:
@@ -96,11 +105,16 @@ class NetworkEmulator:
 
     def training_config(self, spec: emulator.RunSpec, seed: int):
         """The trainer's config of one training of a run: the draws of `spec`, seed `seed`."""
-        bucket = int(2 ** math.ceil(math.log2(max(spec.max_minibatch, self.min_bucket, 1))))
-        p_empty = float(spec.minibatch_pmf[0])
-        check(p_empty < 1, "minibatch_pmf", spec.minibatch_pmf[:4].tolist(), "some mass on non-empty updates")
+        mb = np.asarray(spec.minibatch_pmf, np.float64)
+        p_empty = float(mb[0])
+        check(p_empty < 1, "minibatch_pmf", mb[:4].tolist(), "some mass on non-empty updates")
+        # Each run at its own batch (the trainer compiles every run anyway): the mini-batch that covers
+        # TAIL_MASS of the non-empty draws; the rare larger ones are lumped there.
+        nonempty = mb[1:] / mb[1:].sum()
+        bucket = int(np.searchsorted(np.cumsum(nonempty), TAIL_MASS) + 1)
         k_pmf = np.zeros(bucket + 1)
-        k_pmf[1:spec.max_minibatch + 1] = spec.minibatch_pmf[1:spec.max_minibatch + 1]
+        k_pmf[1:] = nonempty[:bucket]
+        k_pmf[bucket] += nonempty[bucket:].sum()
         stale = np.trim_zeros(np.asarray(spec.staleness_pmf, np.float64), "b")
         steps = max(1, math.ceil(self.max_updates * (1 - p_empty)))
         c = copy.deepcopy(self.base)
@@ -135,12 +149,17 @@ class NetworkEmulator:
         for s in range(self.seeds):
             config, cycles_per_step = self.training_config(spec, seed * self.seeds + s)
             workdir = tempfile.mkdtemp(prefix="jaxsprint-plan-run-")
+            stopped = False
             try:
                 with contextlib.redirect_stdout(io.StringIO()):  # the plan's report is the output, not the runs'
-                    trainer.train_and_evaluate(config, workdir)
-                steps, acc = _eval_curve(workdir)
+                    stopped = self._train(trainer, config, workdir)
+            except NonFiniteError:  # diverged: its evaluations so far, then 0 (it never reaches the target)
+                stopped = True
             finally:
+                steps, acc = _eval_curve(workdir)
                 shutil.rmtree(workdir, ignore_errors=True)
+            if stopped:
+                steps, acc = np.append(steps, steps[-1] + 1 if steps.size else 1), np.append(acc, 0.0)
             if not steps.size:
                 raise ConfigError("config.max_updates", self.max_updates, "long enough for one evaluation")
             # The accuracy at each grid point: the last evaluation at or before it (0 before the first);
@@ -149,11 +168,39 @@ class NetworkEmulator:
             curves[s] = np.where(at >= 0, acc[np.maximum(at, 0)], 0.0)
         return emulator.RunResult(grid, curves, False, time.perf_counter() - t0)
 
+    def _train(self, trainer, config, workdir: str) -> bool:
+        """Trains `config` in `workdir`; True when it was stopped for a stall (`stalled` after the first
+        `STALL_CHECK` of its updates: it then counts as never reaching the target). The check point is a
+        checkpoint, and the rest of the run resumes from it bit for bit."""
+        if not self.target_accuracy:
+            trainer.train_and_evaluate(config, workdir)
+            return False
+        check_at = max(1, int(config.num_train_steps * STALL_CHECK))
+        summary = trainer.train_and_evaluate(config, workdir, stop_after_steps=check_at)
+        accuracy = _eval_curve(workdir)[1]
+        if summary["steps"] < check_at or trainer.reached_target(config, list(accuracy)):  # at the target
+            return False
+        if stalled(accuracy, self.target_accuracy):
+            return True
+        trainer.train_and_evaluate(config, workdir)
+        return False
+
+
+def stalled(accuracy: np.ndarray, target: float) -> bool:
+    """Whether a training has covered less than `STALL_PROGRESS` of the way from its first evaluation to the
+    target (the best evaluation so far)."""
+    if accuracy.size < 2:
+        return False
+    return float(accuracy.max()) < accuracy[0] + STALL_PROGRESS * (target - accuracy[0])
+
 
 def _eval_curve(workdir: str) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, top-1) of a run's evaluations, from its metrics.jsonl."""
+    """(steps, top-1) of a run's evaluations, from its metrics.jsonl (none when it has none)."""
     steps, acc = [], []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return np.zeros(0), np.zeros(0)
+    with open(path) as f:
         for line in f:
             rec = json.loads(line)
             if "eval_accuracy" in rec:
