@@ -4,8 +4,8 @@ r"""Emulated runs of the network the plan is for: the trainer under a candidate'
 ``run(spec) -> RunResult``, ``key_fields`` and ``max_updates``), but trains a network of the zoo
 (``jaxsprint.train.models``) on any dataset the trainer reads, through
 `jaxsprint.train.trainer.train_and_evaluate` with ``config.async_emulation``: each update's gradient is
-``tau`` updates stale (the delayed-gradient transform) and its mini-batch is ``m`` examples of a batch of
-``bucket`` (one example per sub-batch, ``m`` drawn from the spec's mini-batch pmf). So the plan's numbers
+``tau`` updates stale (the delayed-gradient transform) and its mini-batch is ``m`` examples of the run's
+batch (one example per sub-batch, ``m`` drawn from the spec's mini-batch pmf). So the plan's numbers
 describe that network on that data, not an 8x8 proxy.
 
 **Batch.** Each run trains at its own batch: the mini-batch below which 99.9% of its non-empty draws fall
@@ -19,8 +19,9 @@ nothing, so it draws again), and the spec's staleness pmf is already the one of 
 planner counts every updater cycle, so a run's ``s`` trained updates are ``s / (1 - P(m = 0))`` cycles; its
 evaluation points and its length are reported in cycles.
 
-**BatchNorm.** Statistics are taken over the whole bucket (zero-weight examples included) on one device: the
-mini-batch changes the gradient's noise, not BN's. Models without BN (``tiny_nobn``) have no such effect.
+**BatchNorm.** Statistics are taken over the whole batch (zero-weight examples included) on one device: the
+mini-batch changes the gradient's noise, not BN's. SPRINT's learners normalise over their own sub-batch
+instead; models without BN (``tiny_nobn``) have no such difference.
 
 **Cost.** A run is ``seeds`` trainings of at most ``max_updates`` cycles each, stopped once the mean of the
 last 3 evaluations reaches the target (later evaluations repeat the last one). A measured noise scale lets
