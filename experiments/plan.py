@@ -281,12 +281,16 @@ def validate_runtime(config) -> dict[str, Any]:
     base = sprint_config.get_config()
     with base.unlocked():  # config.momentum is the runtime's too, so that both sides train the same optimizer
         base.optimizer.momentum = float(config.momentum)
-    data = emulator.load_proxy_data("digits")
-    em = emulator.Emulator(data, "tiny_nobn", seeds=config.seeds, max_updates=config.max_updates,
-                           eval_every=config.eval_every, momentum=float(base.optimizer.momentum),
-                           weight_decay=float(base.optimizer.weight_decay))
     run_settings = dict(num_updates=config.runtime_updates, eval_every_updates=config.eval_every,
                         learning_rate=config.base_lr)
+    if config.train_config or config.model not in emulator.PROXY_MODELS:  # the network itself, both sides
+        em = network_emulator(config)
+        run_settings["training"] = em.base
+    else:
+        data = emulator.load_proxy_data("digits")
+        em = emulator.Emulator(data, "tiny_nobn", seeds=config.seeds, max_updates=config.max_updates,
+                               eval_every=config.eval_every, momentum=float(base.optimizer.momentum),
+                               weight_decay=float(base.optimizer.weight_decay))
     import jax
 
     validation.check_runtime_configs(base, configs, len(jax.local_devices()), **run_settings)

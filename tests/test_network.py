@@ -36,6 +36,18 @@ def test_a_runs_config_draws_the_specs_pmfs_and_counts_empty_cycles():
     tail[1:1000], tail[1000] = 0.9995 / 999, 0.0005  # a rare huge draw is lumped at the 99.9% mini-batch
     lumped, _ = em.training_config(_spec([1.0], tail), seed=0)
     assert lumped.batch_size == 999 and sum(lumped.async_emulation.k_pmf) == pytest.approx(1.0)
+    # A spec that knows its sub-batch: whole sub-batches, each its own BN group (as SPRINT's learners).
+    whole = np.zeros(49)
+    whole[16], whole[32], whole[48] = 0.2, 0.5, 0.3
+    spec = _spec([1.0], whole)
+    grouped, _ = em.training_config(emulator.RunSpec(spec.staleness_pmf, whole, 0.1, sub_batch=16), seed=0)
+    assert (grouped.batch_size, grouped.async_emulation.num_sub_batches) == (48, 3)
+    assert (grouped.bn.reduction, grouped.bn.group_size) == ("group", 16)
+    assert grouped.async_emulation.k_pmf == pytest.approx((0.0, 0.2, 0.5, 0.3))
+    ragged = whole.copy()
+    ragged[20] = 0.1  # a mini-batch that is not whole sub-batches: one example per sub-batch, global BN
+    flat, _ = em.training_config(emulator.RunSpec(spec.staleness_pmf, ragged / ragged.sum(), 0.1, sub_batch=16), 0)
+    assert flat.bn.reduction == "global" and flat.async_emulation.num_sub_batches == flat.batch_size
     assert a.pmf == pytest.approx((0.5, 0.3, 0.2)) and a.max_staleness == 2 and a.sampler == "pmf"
     assert cycles_per_step == pytest.approx(2.0) and config.num_train_steps == 200
     assert config.seed == 1 and config.stop_at_accuracy == 0.9 and config.lr.base == pytest.approx(0.1)

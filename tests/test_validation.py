@@ -80,7 +80,8 @@ def test_emulated_spec_reads_the_measured_pmfs():
          "mean_staleness": 1.75}
     s = validation.emulated_spec(m, 0.1)
     assert s.staleness_pmf.size == emulator.MAX_STALENESS + 1 and s.staleness_pmf[2] == pytest.approx(0.75)
-    assert s.max_minibatch == 32 and s.minibatch_pmf[16] == pytest.approx(0.5)
+    assert s.max_minibatch == 32 and s.minibatch_pmf[16] == pytest.approx(0.5) and s.sub_batch == 0
+    assert validation.emulated_spec(dict(m, sub_batch=16), 0.1).sub_batch == 16  # BN per sub-batch in a network
     # With the staleness in non-empty updates measured, the emulator draws that (its ring counts those),
     # while the spec keeps the version staleness as the law's coordinate.
     m.update(effective_staleness_pmf={0: 0.5, 1: 0.5}, mean_effective_staleness=0.5)

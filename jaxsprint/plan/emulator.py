@@ -212,6 +212,8 @@ class RunSpec:
       mean_staleness: The candidate's mean staleness (the fit's input; not hashed).
       statistics: ``(name, value)`` pairs the pmfs were computed from (learners, ``T_c``, ``T_u``, jitter,
         sub-batch, scale); when given they key the cache instead of the pmfs.
+      sub_batch: examples per learner gradient where every mini-batch is a whole number of them (0: not known);
+        the network emulator then normalises BN over each sub-batch, as SPRINT's learners do.
     """
 
     staleness_pmf: np.ndarray
@@ -221,6 +223,7 @@ class RunSpec:
     mean_minibatch: float = 0.0
     mean_staleness: float = 0.0
     statistics: tuple[tuple[str, float], ...] | None = None
+    sub_batch: int = 0
 
     @property
     def max_minibatch(self) -> int:
@@ -238,7 +241,8 @@ class RunSpec:
                     "learning_rate": float(f"{self.learning_rate:.4g}"), "mitigation": self.mitigation}
         r = lambda p: [round(float(v), 5) for v in np.trim_zeros(np.round(np.asarray(p, np.float64), 5), "b")]  # noqa: E731
         return {"staleness_pmf": r(self.staleness_pmf), "minibatch_pmf": r(self.minibatch_pmf),
-                "learning_rate": float(f"{self.learning_rate:.5g}"), "mitigation": self.mitigation}
+                "learning_rate": float(f"{self.learning_rate:.5g}"), "mitigation": self.mitigation,
+                **({"sub_batch": self.sub_batch} if self.sub_batch else {})}
 
 
 def minibatch_pmf_from_counts(count_pmf: np.ndarray, sub_batch: int, scale: float,
@@ -287,7 +291,7 @@ def make_spec(staleness_pmf: np.ndarray, count_pmf: np.ndarray, *, sub_batch: in
     stats = None if statistics is None else tuple(sorted({**statistics, "sub_batch": sub_batch,
                                                            "scale": scale, "delay": 1.0}.items()))
     return RunSpec(s / s.sum(), mb, float(lr), "staleness_lr" if lr_rule == "lr_tau" else "none",
-                   float(mean_minibatch), float(mean_staleness), stats)
+                   float(mean_minibatch), float(mean_staleness), stats, int(sub_batch) if scale == 1 else 0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ nothing, so it draws again), and the spec's staleness pmf is already the one of 
 planner counts every updater cycle, so a run's ``s`` trained updates are ``s / (1 - P(m = 0))`` cycles; its
 evaluation points and its length are reported in cycles.
 
-**BatchNorm.** Statistics are taken over the whole batch (zero-weight examples included) on one device: the
-mini-batch changes the gradient's noise, not BN's. SPRINT's learners normalise over their own sub-batch
-instead; models without BN (``tiny_nobn``) have no such difference.
+**BatchNorm.** Where the spec knows its sub-batch (``RunSpec.sub_batch``: the planner's candidates at
+mini-batch scale 1, the runtime's measured runs), the batch is whole sub-batches, each normalised on its own
+as SPRINT's learners do. Otherwise statistics are taken over the whole batch (zero-weight examples included).
 
 **Cost.** A run is ``seeds`` trainings of at most ``max_updates`` cycles each, stopped once the mean of the
 last 3 evaluations reaches the target (later evaluations repeat the last one). A measured noise scale lets
@@ -49,7 +49,7 @@ from jaxsprint.train import models, optim
 
 __all__ = ["NetworkEmulator", "STOP_EVALS", "VERSION", "stalled"]
 
-VERSION = 2      # bump when a change here changes the runs' results (the cache key holds it)
+VERSION = 3      # bump when a change here changes the runs' results (the cache key holds it)
 STOP_EVALS = 3   # evaluations averaged for the stop at the target
 TAIL_MASS = 0.999  # the share of non-empty mini-batch draws a run's batch covers exactly
 STALL_CHECK, STALL_PROGRESS = 0.25, 0.1  # a training that has not gone 10% of the way to the target in 25% of
@@ -111,7 +111,9 @@ class NetworkEmulator:
         check(p_empty < 1, "minibatch_pmf", mb[:4].tolist(), "some mass on non-empty updates")
         # Each run at its own batch (the trainer compiles every run anyway): the mini-batch that covers
         # TAIL_MASS of the non-empty draws; the rare larger ones are lumped there.
-        nonempty = mb[1:] / mb[1:].sum()
+        sub = spec.sub_batch if spec.sub_batch and not np.any(mb[np.arange(mb.size) % spec.sub_batch != 0]) else 1
+        counts = mb[::sub]  # P(K = k): k sub-batches of `sub` examples
+        nonempty = counts[1:] / counts[1:].sum()
         bucket = int(np.searchsorted(np.cumsum(nonempty), TAIL_MASS) + 1)
         k_pmf = np.zeros(bucket + 1)
         k_pmf[1:] = nonempty[:bucket]
@@ -121,9 +123,9 @@ class NetworkEmulator:
         c = copy.deepcopy(self.base)
         with c.unlocked():
             c.seed = int(self.base.seed + seed)
-            c.batch_size, c.eval_batch_size = bucket, max(bucket, 256)
+            c.batch_size, c.eval_batch_size = bucket * sub, max(bucket * sub, 256)
             c.num_devices, c.grad_accum_steps = 1, 1
-            c.bn.reduction = "global"
+            c.bn.reduction, c.bn.group_size = ("global", 0) if sub == 1 else ("group", sub)
             c.num_train_steps = steps
             c.lr.base, c.lr.scaling, c.lr.schedule, c.lr.warmup_epochs = spec.learning_rate, "none", "constant", 0.0
             spe = optim.derive_hparams(c, self.num_train).steps_per_epoch

@@ -62,15 +62,23 @@ def parse_configs(text: Sequence[str]) -> list[tuple[int, int, float]]:
 
 
 def runtime_config(base: Any, *, learners: int, sub_batch: int, network_time_s: float, num_updates: int,
-                   eval_every_updates: int, learning_rate: float, seed: int = 0) -> Any:
-    """A SPRINT config (``experiments/configs/sprint.py``) for one configuration of the comparison."""
+                   eval_every_updates: int, learning_rate: float, seed: int = 0, training: Any = None) -> Any:
+    """A SPRINT config (``experiments/configs/sprint.py``) for one configuration of the comparison: of the
+    proxy ``tiny_nobn`` at 8x8 on the digits, or of `training`'s network (model, data, augmentation, the
+    optimizer's weight decay), as the network emulator trains it."""
     c = copy.deepcopy(base)
     with c.unlocked():
-        c.model, c.image_size, c.dataset = "tiny_nobn", 8, "digits"
-        # The emulator trains the proxy on the un-augmented images (emulator.load_proxy_data): so must the
-        # runtime, or the comparison measures the augmentation (the SPRINT config's random-resized crops made
-        # the runtime need about 1.8x the emulator's updates at every staleness).
-        c.augment.kind = "none"
+        if training is None:
+            c.model, c.image_size, c.dataset = "tiny_nobn", 8, "digits"
+            # The emulator trains the proxy on the un-augmented images (emulator.load_proxy_data): so must the
+            # runtime, or the comparison measures the augmentation (the SPRINT config's random-resized crops
+            # made the runtime need about 1.8x the emulator's updates at every staleness).
+            c.augment.kind = "none"
+        else:
+            for field in ("model", "image_size", "dataset", "data_dir", "label_smoothing", "dtype"):
+                c[field] = training[field]
+            c.augment = copy.deepcopy(training.augment)
+            c.optimizer.weight_decay = training.optimizer.weight_decay
         c.lr.scaling, c.lr.schedule, c.lr.base, c.lr.warmup_epochs = "none", "constant", float(learning_rate), 0.0
         s = c.sprint
         s.learners_per_host, s.sub_batch, s.network_time_s = int(learners), int(sub_batch), float(network_time_s)
@@ -199,7 +207,7 @@ def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> emulator
                        emulator.MAX_STALENESS + 1)
     mb = _pmf_array(measured["minibatch_pmf"])
     return emulator.RunSpec(stale, mb, float(learning_rate), "none", float(measured["mean_minibatch"]),
-                               float(measured["mean_staleness"]))
+                            float(measured["mean_staleness"]), sub_batch=int(measured.get("sub_batch", 0)))
 
 
 def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunResult | Any],
