@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from jaxsprint.train import parallel, settings, trainer
 from jaxsprint.errors import ConfigError, NonFiniteError, check
 
 __all__ = ["fmt_cell", "load_json", "loss_curve", "markdown_table", "mean_std", "pyplot", "require_study",
-           "run_cell", "save_json", "validate_cells", "write_config", "write_markdown", "check_out"]
+           "run_cell", "run_cells", "save_json", "validate_cells", "write_config", "write_markdown", "check_out"]
 
 
 def require_study(base, fields: Sequence[str], flag: str = "--config") -> None:
@@ -103,6 +104,34 @@ def run_cell(config) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_cells(prefix: str, base, todo: Sequence[tuple[str, Any]], describe: Callable[[str, dict], str],
+              finish: Callable[[Any, dict], None] | None = None) -> dict[str, dict]:
+    """The loop every study shares: checks every cell and the outputs first, then runs each cell not yet in
+    ``prefix.json`` (:func:`run_cell`, timed as ``seconds``), saving the results after each and printing
+    ``describe(key, result)``; ``finish(config, result)`` may add fields before the save. Returns the results.
+
+    Raises:
+      ConfigError: the first bad cell or output (before anything is written).
+    """
+    validate_cells(todo)
+    check_out(prefix)
+    path = prefix + ".json"
+    results = load_json(path, dict)
+    write_config(prefix, base)
+    for key, config in todo:
+        if key in results:
+            continue
+        t = time.time()
+        r = run_cell(config)
+        r["seconds"] = time.time() - t
+        if finish is not None:
+            finish(config, r)
+        results[key] = r
+        save_json(path, results)
+        print(describe(key, r), flush=True)
+    return results
 
 
 def loss_curve(path: str, key: str = "train_loss") -> list[tuple[int, float]]:

@@ -11,7 +11,6 @@ import copy
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,22 +87,12 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
     validate_study(base)
-    todo = [(key, cell_config(base, *args)) for key, args in cells(base)]
-    studies.validate_cells(todo)
-    studies.check_out(_OUT.value)
-    path = _OUT.value + ".json"
-    results = studies.load_json(path, dict)
-    studies.write_config(_OUT.value, base)
-    for key, config in todo:
-        if key in results:
-            continue
-        t = time.time()
-        r = studies.run_cell(config)
-        r["seconds"] = time.time() - t
-        results[key] = r
-        studies.save_json(path, results)
+    def describe(key, r):
         status = f"diverged at step {r['diverged_step']}" if r["diverged"] else f"{100 * r['eval_accuracy']:.2f}%"
-        print(f"{key}: {status} ({r['seconds']:.0f} s)", flush=True)
+        return f"{key}: {status} ({r['seconds']:.0f} s)"
+
+    todo = [(key, cell_config(base, *args)) for key, args in cells(base)]
+    results = studies.run_cells(_OUT.value, base, todo, describe)
     write_report(base, results)
 
 

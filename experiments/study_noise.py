@@ -16,7 +16,6 @@ import copy
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,24 +85,15 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
     validate_study(base)
-    todo = list(cells(base))
-    studies.validate_cells(todo)
-    studies.check_out(_OUT.value)
-    path = _OUT.value + ".json"
-    results = studies.load_json(path, dict)
-    studies.write_config(_OUT.value, base)
-    for key, config in todo:
-        if key in results:
-            continue
-        t = time.time()
-        r = studies.run_cell(config)
-        r["seconds"] = time.time() - t
+    def finish(config, r):
         r["reached"] = reached(config, r)
-        results[key] = r
-        studies.save_json(path, results)
+
+    def describe(key, r):
         b_simple = r.get("noise_scale", {}).get("windows", [{}])[-1].get("b_simple", math.nan)
-        print(f"{key}: {'reached' if r['reached'] else 'NOT reached'} at step {r.get('steps')}, "
-              f"B_simple (last quarter) {b_simple:.4g} ({r['seconds']:.0f} s)", flush=True)
+        return (f"{key}: {'reached' if r['reached'] else 'NOT reached'} at step {r.get('steps')}, "
+                f"B_simple (last quarter) {b_simple:.4g} ({r['seconds']:.0f} s)")
+
+    results = studies.run_cells(_OUT.value, base, list(cells(base)), describe, finish)
     write_report(base, results)
 
 

@@ -10,7 +10,6 @@ Every cell's config is checked before the first runs: a bad value ends the study
 import copy
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,25 +67,13 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     base = _CONFIG.value
     validate_study(base)
-    todo = list(cells(base))
-    studies.validate_cells(todo)
-    studies.check_out(_OUT.value)
-    path = _OUT.value + ".json"
-    results = studies.load_json(path, dict)
-    studies.write_config(_OUT.value, base)
-    for key, config in todo:
-        if key in results:
-            continue
-        t = time.time()
-        r = studies.run_cell(config)
-        r["seconds"] = time.time() - t
-        results[key] = r
-        studies.save_json(path, results)
+    def describe(key, r):
         if r["diverged"]:
-            print(f"{key}: diverged at step {r['diverged_step']} ({r['seconds']:.0f} s)", flush=True)
-        else:
-            print(f"{key}: EMA {100 * r['eval_accuracy']:.2f}%  polished {100 * r['eval_polished_accuracy']:.2f}%"
-                  f"  ({r['seconds']:.0f} s)", flush=True)
+            return f"{key}: diverged at step {r['diverged_step']} ({r['seconds']:.0f} s)"
+        return (f"{key}: EMA {100 * r['eval_accuracy']:.2f}%  polished {100 * r['eval_polished_accuracy']:.2f}%"
+                f"  ({r['seconds']:.0f} s)")
+
+    results = studies.run_cells(_OUT.value, base, list(cells(base)), describe)
     write_report(base, results)
 
 

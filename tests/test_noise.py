@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import config_util
 from experiments.configs import testing
 from jaxsprint.errors import ConfigError
 from jaxsprint.train import noise, optim, trainer
@@ -68,15 +69,8 @@ def test_moving_average_is_bias_corrected_and_by_progress_covers_every_step():
 
 
 def _config(**fields):
-    c = testing.get_config()
-    c.optimizer.name, c.lr.scaling, c.label_smoothing = "sgd", "none", 0.1
-    for k, v in fields.items():
-        node, *rest = k.split(".")
-        if rest:
-            c[node][rest[0]] = v
-        else:
-            c[k] = v
-    return c
+    return config_util.override(testing.get_config().to_dict(), **{
+        "optimizer.name": "sgd", "lr.scaling": "none", "label_smoothing": 0.1, **fields})
 
 
 def _batch(n=64):

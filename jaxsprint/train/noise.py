@@ -29,7 +29,6 @@ import math
 from typing import Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
@@ -38,8 +37,6 @@ from jaxsprint.errors import ConfigError, check, is_int, is_real
 
 __all__ = ["Ema", "Estimate", "Tracker", "by_progress", "ema_init", "ema_update", "format_report", "report",
            "sharded_step_grads", "smoothed", "step_metrics", "unbiased", "validate_config", "window_estimate"]
-
-METRICS = ("noise_g2", "noise_trace")  # the per-step unbiased estimates a measuring step returns
 
 
 def unbiased(small_sq: jax.Array, big_sq: jax.Array, b_small: float, b_big: float) -> tuple[jax.Array, jax.Array]:
