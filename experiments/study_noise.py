@@ -131,14 +131,22 @@ def analyse(base, results) -> dict:
     measured = law.fit_law(*args, b_ref=st.reference_batch,
                            prior=law.measured_noise_prior(b_noise, se, st.reference_batch))
     fitted = law.fit_law(*args, b_ref=st.reference_batch)
+    prior = law.measured_noise_prior(b_noise, se, st.reference_batch)
+    for i, r in enumerate(fit_rows):  # held out in the batch too: S_min from the other batch sizes only
+        rest = [j for j in range(len(fit_rows)) if j != i]
+        f = law.fit_law(*([a[j] for j in rest] for a in args), b_ref=st.reference_batch, prior=prior)
+        r["error_measured_loo"] = float(np.exp(law.predict_log_updates(f, r["batch"], 0.0)[0][0])
+                                        / math.exp(r["log_steps"]) - 1)
     for r in rows:
         for name, f in (("measured", measured), ("fitted", fitted)):
             r[f"predicted_{name}"] = float(np.exp(law.predict_log_updates(f, r["batch"], 0.0)[0][0]))
         r["error_measured"] = (r["predicted_measured"] / math.exp(r["log_steps"]) - 1) if r["steps"] else math.nan
-    errors = [abs(r["error_measured"]) for r in rows if r["steps"]]
+    errors = [abs(r["error_measured"]) for r in fit_rows]
+    loo = [abs(r["error_measured_loo"]) for r in fit_rows]
     return {"rows": rows, "b_noise_measured": b_noise, "b_noise_measured_se": se,
             "law_measured": measured.as_dict(), "law_fitted": fitted.as_dict(),
-            "median_abs_error_measured": float(np.median(errors)), "max_abs_error_measured": float(np.max(errors))}
+            "median_abs_error_measured": float(np.median(errors)), "max_abs_error_measured": float(np.max(errors)),
+            "median_abs_error_measured_loo": float(np.median(loo))}
 
 
 def write_report(base, results):
@@ -171,7 +179,9 @@ def write_report(base, results):
         text += (f"\nMeasured B_noise (batch {st.reference_batch}, last quarter, mean over seeds): "
                  f"{a['b_noise_measured']:.4g} ± {a['b_noise_measured_se']:.2g}; with it, fitted S_min = "
                  f"{m['s_min']:.4g}. Steps predicted from the measured B_noise: median error "
-                 f"{100 * a['median_abs_error_measured']:.1f}%, largest {100 * a['max_abs_error_measured']:.1f}%.\n"
+                 f"{100 * a['median_abs_error_measured']:.1f}%, largest {100 * a['max_abs_error_measured']:.1f}%; "
+                 f"with S_min fitted to the other batch sizes only (leave one out), median "
+                 f"{100 * a['median_abs_error_measured_loo']:.1f}%.\n"
                  f"Both fitted: S_min = {f['s_min']:.4g}, B_noise = {f['b_noise']:.4g} "
                  f"(log sd {f['param_sd']['log_b_noise']:.2f}).\n")
     studies.write_markdown(_OUT.value + ".md", text)

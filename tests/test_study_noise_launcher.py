@@ -38,7 +38,7 @@ def test_tiny_study_measures_the_noise_scale_and_predicts_the_steps(tmp_path):
     # The measurement enters as a prior as wide as its error: the fit stays within two of them.
     rel_se = a["b_noise_measured_se"] / a["b_noise_measured"]
     assert abs(math.log(a["law_measured"]["b_noise"] / a["b_noise_measured"])) <= 2 * max(rel_se, 0.01)
-    assert 0 <= a["median_abs_error_measured"] < 1
+    assert 0 <= a["median_abs_error_measured"] < 1 and 0 <= a["median_abs_error_measured_loo"] < 1
     assert "from measured B_noise" in (tmp_path / "study.md").read_text()
     again = _run(tmp_path / "study")  # every cell is in the results: none runs again
     assert again.returncode == 0 and "reached at step" not in again.stdout
