@@ -48,6 +48,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json and plan.json
 _JSON, _PLOT = common_flags.JSON, common_flags.PLOT  # --plot: epoch time against predicted time to accuracy
 _PLOT_EXTENSIONS = (".png", ".pdf", ".svg")
 MAX_LADDER = 100  # mini-batch targets, and staleness limits: their product is the number of candidates
+MAX_RUNTIME_SEEDS = 100  # each is a whole runtime run per configuration
 
 
 def _check_outputs(workdir_required: bool = False) -> None:
@@ -220,7 +221,9 @@ def table(report: dict[str, Any], setup: dict[str, Any]) -> str:
     lines.append(f"law: U = {f['s_min']:.4g} (1 + {f['b_noise']:.4g} / B) exp(a tau^p (B/{f['b_ref']:.4g})^delta), "
                  f"a = {math.exp(f['params']['log_a']):.3g}, p = {math.exp(f['params']['log_p']):.3g}, "
                  f"delta = {f['params']['delta']:.3g}; {f['num_observed']} cells reached, {f['num_censored']} "
-                 f"censored; residual sd of log U {f['residual_sd']:.3f}")
+                 f"censored; residual sd of log U {f['residual_sd']:.3f}; choice held to mini-batch "
+                 f"{f['minibatch_range'][0]:.4g}-{f['minibatch_range'][1]:.4g} and staleness <= "
+                 f"{f['max_staleness']:.3g} (the stalest cell that reached the target; beyond: extrapolated)")
     lines += ["choice (minimum predicted time to accuracy) and SPRINT's rule for the same mean mini-batch:", head,
               row(report["chosen"])]
     if report.get("sprint_rule"):
@@ -276,6 +279,8 @@ def validate_runtime(config) -> dict[str, Any]:
     _check_outputs(workdir_required=True)
     check(is_int(config.runtime_updates) and config.runtime_updates >= 1, "config.runtime_updates",
           config.runtime_updates, "an integer >= 1 (published versions of each runtime run)")
+    check(is_int(config.runtime_seeds) and 1 <= config.runtime_seeds <= MAX_RUNTIME_SEEDS, "config.runtime_seeds",
+          config.runtime_seeds, f"an integer in [1, {MAX_RUNTIME_SEEDS}] (runtime runs per configuration)")
     check(is_real(config.momentum) and 0 <= config.momentum < 1, "config.momentum", config.momentum,
           "a number in [0, 1)")
     base = sprint_config.get_config()
@@ -298,9 +303,14 @@ def validate_runtime(config) -> dict[str, Any]:
     cli.write_config(_WORKDIR.value, config)
     measured, cells = [], []
     for n, b, t in configs:
-        cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t, **run_settings)
-        m = validation.measure(cfg, os.path.join(_WORKDIR.value, f"n{n}_b{b}_t{t:g}"), target,
-                               reuse=config.runtime_reuse)
+        seeds = []
+        for seed in range(config.runtime_seeds):
+            cfg = validation.runtime_config(base, learners=n, sub_batch=b, network_time_s=t, seed=seed,
+                                            **run_settings)
+            name = f"n{n}_b{b}_t{t:g}" + (f"_s{seed}" if seed else "")
+            seeds.append(validation.measure(cfg, os.path.join(_WORKDIR.value, name), target,
+                                            reuse=config.runtime_reuse))
+        m = validation.pool(seeds)
         # Each emulated run at its own bucket (its result does not depend on it): carrying the largest one
         # over, as the planner does to share one compilation, made every later run several times slower.
         spec = validation.emulated_spec(m, config.base_lr)

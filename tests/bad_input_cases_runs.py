@@ -195,6 +195,8 @@ def plan_cases():
         (rt + [C + f"runtime_configs={HUGE}:16:0,2:16:0"], "config.runtime_configs"),
         (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "runtime_updates=0"], "config.runtime_updates"),
         (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "runtime_reuse=2"], "config.runtime_reuse"),
+        (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "runtime_seeds=0"], "config.runtime_seeds"),
+        (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "runtime_seeds=1.5"], "config.runtime_seeds"),
         (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "max_updates=0"], "config.max_updates"),
         (rt + [C + "runtime_configs=2:16:0,4:16:0", C + "cache_dir=afile"], "config.cache_dir"),
         (t + [C + "runtime_configs=2:16:0,4:16:0", "--workdir=afile"], "--workdir"),

@@ -65,6 +65,17 @@ def test_censored_cells_push_the_law_above_the_run_length():
     assert np.all(pred >= math.log(400.0) - 0.1)
 
 
+def test_the_staleness_range_is_that_of_the_cells_that_reached_the_target():
+    # Beyond it the staleness factor is bounded by censored cells from one side only: the choice stays inside.
+    b, tau, y = _cells(noise=0.0)
+    cens = tau >= 4.0
+    y_obs = np.where(cens, float(y[cens].min()) - 0.1, y)  # the stale runs stopped before the target
+    fit = law.fit_law(b, tau, y_obs, None, cens, b_ref=B_REF)
+    assert fit.num_censored == int(cens.sum()) > 0 and fit.max_staleness == pytest.approx(2.0)
+    none = law.fit_law(b[:4], tau[:4], np.full(4, 6.0), None, np.ones(4, bool), b_ref=B_REF)
+    assert none.max_staleness == pytest.approx(4.0)  # nothing reached: the range of all cells
+
+
 def test_least_certain_goes_where_there_is_no_data():
     b, tau, y = _cells()
     keep = tau <= 1.0

@@ -109,3 +109,55 @@ def test_compare_leave_one_out_on_a_known_law():
         assert out[f"choice_slower_than_fastest_by{suffix}"] < 0.10
     # With its own cell the law is near that cell; without, it extrapolates (no better on average).
     assert out["median_abs_error"] <= out["median_abs_error_loo"] + 1e-9
+
+
+def test_compare_never_chooses_beyond_the_staleness_of_a_reached_cell():
+    # Four configurations reach the target; the stalest never does but updates 1000x faster, so any finite
+    # prediction of the law would make it the fastest. Its staleness is beyond every reached cell's: the law is
+    # extrapolated there, the row says so, and neither choice takes it.
+    measured, cells = [], []
+    upd = np.arange(1, 201, dtype=np.float64) * 20
+    for b, tau, t_u in [(16, 1.2, 0.01), (32, 2.0, 0.01), (64, 1.5, 0.01), (32, 4.0, 0.01), (8, 12.0, 1e-5)]:
+        u = math.exp(float(law.law_log_updates(TRUE, b, tau, 64.0)))
+        reached = tau < 10
+        measured.append(dict(learners=1, sub_batch=b, network_time_s=0.0, t_update_s=t_u, mean_minibatch=b,
+                             mean_staleness=tau, updates_to_target=u if reached else None,
+                             time_to_accuracy_s=u * t_u if reached else None))
+        acc = np.minimum(0.9 * upd / u, 1.0) if reached else np.full(upd.size, 0.3)
+        cells.append(emulator.RunResult(upd, np.stack([acc, acc])))
+    out = validation.compare(measured, cells, 0.9, 4000)
+    stale = out["rows"][-1]
+    assert stale["extrapolated"] and stale["extrapolated_loo"]
+    assert stale["predicted_time_to_accuracy_s"] < min(r["predicted_time_to_accuracy_s"] for r in out["rows"][:-1])
+    assert not any(r["extrapolated"] for r in out["rows"][:-1])
+    assert out["choice"] != 4 and out["choice_loo"] != 4
+    assert out["choice_slower_than_fastest_by"] is not None and out["choice_slower_than_fastest_by"] < 0.10
+    # The emulated runs' updates against the runtime's, where both reached.
+    assert out["emulator_median_abs_error"] is not None and out["emulator_median_abs_error"] < 0.05
+
+
+def test_pool_seeds_of_one_configuration():
+    def seed(stale, mb, t_u, u, t):
+        return {"t_compute_s": 0.1, "t_update_s": t_u, "mean_minibatch": mb, "mean_staleness": stale,
+                "mean_effective_staleness": stale, "staleness_pmf": {1: 0.5, int(stale * 2) - 1: 0.5},
+                "effective_staleness_pmf": {"1": 1.0}, "minibatch_pmf": {mb: 1.0}, "updates_to_target": u,
+                "time_to_accuracy_s": t, "time_to_accuracy_from_updates_s": None if u is None else u * t_u,
+                "final_accuracy": 0.9, "updates": 100, "reused": False, "learners": 2, "sub_batch": 16,
+                "network_time_s": 0.0}
+
+    one = seed(2.0, 32, 0.01, 300.0, 3.0)
+    assert validation.pool([one])["updates_to_target"] == 300.0 and len(validation.pool([one])["per_seed"]) == 1
+    p = validation.pool([seed(2.0, 32, 0.01, 300.0, 3.0), seed(3.0, 48, 0.02, None, None),
+                         seed(2.5, 16, 0.03, 500.0, 5.5)])
+    # Medians with a seed that never reached the target counted as infinitely late.
+    assert p["updates_to_target"] == 500.0 and p["time_to_accuracy_s"] == 5.5
+    assert p["mean_staleness"] == pytest.approx(2.5) and p["t_update_s"] == pytest.approx(0.02)
+    assert p["mean_minibatch"] == pytest.approx(32.0) and p["updates"] == 300
+    assert sum(p["staleness_pmf"].values()) == pytest.approx(1.0) and p["staleness_pmf"][1] == pytest.approx(0.5)
+    assert p["minibatch_pmf"] == pytest.approx({16: 1 / 3, 32: 1 / 3, 48: 1 / 3})
+    assert [r["updates_to_target"] for r in p["per_seed"]] == [300.0, None, 500.0]
+    late = validation.pool([seed(2.0, 32, 0.01, None, None), seed(2.0, 32, 0.01, None, None),
+                            seed(2.0, 32, 0.01, 400.0, 4.0)])
+    assert late["updates_to_target"] is None and late["time_to_accuracy_s"] is None  # most seeds never reached it
+    with pytest.raises(ConfigError, match="config.runtime_seeds"):
+        validation.pool([])

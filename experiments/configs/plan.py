@@ -77,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     # (tiny_nobn on digits at 8x8), compared with the law's leave-one-out prediction from emulated runs.
     c.runtime_configs = ""          # comma-separated, e.g. "2:16:0,8:16:0.01"; empty: plan
     c.runtime_updates = 600         # updates per runtime run
+    c.runtime_seeds = 1             # runtime runs per configuration (seeds 0, 1, ...; pooled, medians of the times)
     c.runtime_reuse = False         # read a finished run of the same config from --workdir instead of running
     c.lock()
     return c

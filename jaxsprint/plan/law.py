@@ -19,8 +19,9 @@ at their length (one-sided residuals). The covariance is the Laplace approximati
 prediction's band comes from the delta method, and :func:`least_certain` ranks unrun candidates by it.
 
 **Choice** (:func:`plan_search`): ``log U + log T_u`` minimised over the relaxed configuration with the search
-machinery of :mod:`jaxsprint.perf.search` inside the fitted data's mini-batch range (never extrapolated),
-rounded and refined by hill climbing. Derivation and the details: ``docs/planning.md``.
+machinery of :mod:`jaxsprint.perf.search` inside the fitted data's mini-batch range and at most the mean
+staleness of a cell that reached the target (never extrapolated), rounded and refined by hill climbing.
+Derivation and the details: ``docs/planning.md``.
 
 References:
   McCandlish, Kaplan, Amodei et al., "An empirical model of large-batch training", arXiv:1812.06162, 2018.
@@ -111,7 +112,9 @@ class LawFit(NamedTuple):
       num_observed: Cells that reached the target.
       num_censored: Cells that did not.
       minibatch_range: ``(min, max)`` of the fitted mean mini-batches.
-      max_staleness: Largest fitted mean staleness.
+      max_staleness: Largest mean staleness of a fitted cell that reached the target (of any fitted cell
+        when none did). Beyond it the staleness factor is extrapolated from censored cells only, which bound
+        it from one side (docs/planning.md: such a fit chose a configuration that never reached the target).
     """
 
     theta: np.ndarray
@@ -211,7 +214,7 @@ def fit_law(mean_minibatch: Sequence[float], mean_staleness: Sequence[float], lo
     cov = scale * res.cov  # the Laplace covariance (J^T J)^-1 of the cells' and the prior's rows
     res_var = scale * float(np.mean(var[obs] + var_floor)) if obs.any() else var_floor
     return LawFit(theta, cov, b_ref, math.sqrt(res_var), chi2, int(obs.sum()), int(cens.sum()),
-                  (float(b.min()), float(b.max())), float(tau.max()))
+                  (float(b.min()), float(b.max())), float(tau[obs].max() if obs.any() else tau.max()))
 
 
 def predict_log_updates(fit: LawFit, mean_minibatch: Sequence[float] | float,

@@ -16,7 +16,8 @@ For each configuration ``(learners, sub-batch, emulated network time)`` on this 
    configuration's cell, as the planner fits the cells of its own candidates (no runtime accuracy enters a
    prediction), and, stricter, to the OTHER configurations' cells only (leave one out, keys ``*_loo``: the law
    extrapolates to a cell it never saw). The planner's choice is the configuration with the smallest
-   prediction; it is compared with the measured fastest.
+   prediction within the staleness of the fitted cells that reached the target (beyond it the law is
+   extrapolated; the row says ``extrapolated``); it is compared with the measured fastest.
 
 This isolates the convergence half (law + emulator) from the timing model, whose own validation against the
 runtime is :mod:`jaxsprint.calibration.compare`.
@@ -35,7 +36,7 @@ from jaxsprint.plan import emulator
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.plan import law as plan_lib
 
-__all__ = ["check_runtime_configs", "compare", "emulated_spec", "measure", "parse_configs", "runtime_config",
+__all__ = ["check_runtime_configs", "compare", "emulated_spec", "measure", "parse_configs", "pool", "runtime_config",
            "updates_from_history"]
 
 
@@ -195,6 +196,45 @@ def measure(config: Any, workdir: str, target_accuracy: float, *, reuse: bool = 
             "final_accuracy": float(final.get("accuracy", math.nan)), "reused": saved is not None}
 
 
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    """Median with a run that never reached the target counted as infinitely late (None when it is one)."""
+    m = float(np.median([math.inf if v is None else float(v) for v in values]))
+    return m if math.isfinite(m) else None
+
+
+def pool(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One configuration's :func:`measure` of several runtime seeds as one measurement.
+
+    The statistics (``T_u``, mean mini-batch and staleness) are the seeds' means and the pmfs their average
+    (the emulator draws from the pooled run); the updates and time to the target are the seeds' medians, a
+    seed that never reached it counting as infinitely late (so the configuration reaches it when most seeds
+    do). ``per_seed`` keeps each seed's numbers.
+    """
+    check(len(seeds) >= 1, "config.runtime_seeds", len(seeds), "an integer >= 1")
+    if len(seeds) == 1:
+        return {**seeds[0], "per_seed": [_seed_row(seeds[0])]}
+    out = dict(seeds[0])
+    for k in ("t_compute_s", "t_update_s", "mean_minibatch", "mean_staleness", "mean_effective_staleness"):
+        out[k] = float(np.mean([m[k] for m in seeds]))
+    for k in ("staleness_pmf", "minibatch_pmf", "effective_staleness_pmf"):
+        if all(m.get(k) for m in seeds):
+            size = max(max(int(j) for j in m[k]) for m in seeds) + 1
+            out[k] = {i: float(p) for i, p in enumerate(np.mean([_pmf_array(m[k], size) for m in seeds], 0))
+                      if p > 0}
+    for k in ("updates_to_target", "time_to_accuracy_s", "time_to_accuracy_from_updates_s"):
+        out[k] = _median_or_none([m[k] for m in seeds])
+    out["final_accuracy"] = float(np.mean([m["final_accuracy"] for m in seeds]))
+    out["updates"] = int(sum(m["updates"] for m in seeds))
+    out["reused"] = all(m["reused"] for m in seeds)
+    out["per_seed"] = [_seed_row(m) for m in seeds]
+    return out
+
+
+def _seed_row(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: m[k] for k in ("mean_staleness", "mean_minibatch", "t_update_s", "updates_to_target",
+                              "time_to_accuracy_s")}
+
+
 def emulated_spec(measured: Mapping[str, Any], learning_rate: float) -> emulator.RunSpec:
     """The emulator's run under a runtime configuration's measured pmfs (staleness; mini-batch in samples)."""
     check(bool(measured["staleness_pmf"]) and bool(measured["minibatch_pmf"]), "config.runtime_updates",
@@ -227,15 +267,16 @@ def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunR
 
     cs = [planner.cell_from_result(r, target_accuracy, max_updates) for r in cells]
 
-    def law_at(i: int, cells_used: list[int]) -> tuple[float, float, float] | None:
+    def law_at(i: int, cells_used: list[int]) -> tuple[float, float, float, bool] | None:
         if not any(not cs[j].censored for j in cells_used):
             return None
         fit = plan_lib.fit_law([measured[j]["mean_minibatch"] for j in cells_used],
                                [measured[j]["mean_staleness"] for j in cells_used],
                                [cs[j].log_updates for j in cells_used], [cs[j].log_var for j in cells_used],
                                [cs[j].censored for j in cells_used])
-        return tuple(float(v[0]) for v in plan_lib.band(fit, measured[i]["mean_minibatch"],
-                                                          measured[i]["mean_staleness"]))
+        u, lo, hi = (float(v[0]) for v in plan_lib.band(fit, measured[i]["mean_minibatch"],
+                                                       measured[i]["mean_staleness"]))
+        return u, lo, hi, measured[i]["mean_staleness"] > fit.max_staleness * (1.0 + 1e-6)
 
     rows = []
     everyone = list(range(len(measured)))
@@ -247,19 +288,28 @@ def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunR
             pred = law_at(i, used)
             if pred is None:
                 continue
-            u, lo, hi = pred
-            row.update({f"predicted_updates{suffix}": u, f"predicted_time_to_accuracy_s{suffix}": u * m["t_update_s"],
+            u, lo, hi, beyond = pred
+            row.update({f"extrapolated{suffix}": beyond, f"predicted_updates{suffix}": u, f"predicted_time_to_accuracy_s{suffix}": u * m["t_update_s"],
                         f"predicted_time_low_s{suffix}": lo * m["t_update_s"],
                         f"predicted_time_high_s{suffix}": hi * m["t_update_s"]})
             if m["time_to_accuracy_s"]:
                 row[f"relative_error{suffix}"] = u * m["t_update_s"] / m["time_to_accuracy_s"] - 1.0
+        if "per_seed" in m:
+            row["per_seed"] = m["per_seed"]
         rows.append(row)
     meas = [r["time_to_accuracy_s"] or math.inf for r in rows]
     fastest = int(np.argmin(meas))
-    out: dict[str, Any] = {"rows": rows, "measured_fastest": fastest}
+    # The staleness factor of the emulated runs against the runtime's: updates to the target, both reached.
+    both = [r["emulated_updates"] / r["updates_to_target"] - 1.0 for r in rows
+            if r["emulated_updates"] and r["updates_to_target"]]
+    out: dict[str, Any] = {"rows": rows, "measured_fastest": fastest,
+                           "emulator_median_abs_error": float(np.median(np.abs(both))) if both else None}
     for suffix in ("", "_loo"):
         errs = [abs(r[f"relative_error{suffix}"]) for r in rows if f"relative_error{suffix}" in r]
-        pred = [r.get(f"predicted_time_to_accuracy_s{suffix}", math.inf) for r in rows]
+        # The choice, as the planner's (law.plan_search), is held to the staleness of the cells that reached
+        # the target: beyond it the law's staleness factor is extrapolated from censored cells only.
+        pred = [math.inf if r.get(f"extrapolated{suffix}", True) else r[f"predicted_time_to_accuracy_s{suffix}"]
+                for r in rows]
         choice = int(np.argmin(pred))
         out[f"median_abs_error{suffix}"] = float(np.median(errs)) if errs else None
         out[f"choice{suffix}"] = choice
