@@ -323,6 +323,49 @@ def validate_runtime(config) -> dict[str, Any]:
     return validation.compare(measured, cells, target, em.max_updates)
 
 
+def plot_runtime(path: str, out: dict[str, Any], target: float) -> None:
+    """The runtime comparison: updates to the target against the mean staleness (runtime seeds, emulator,
+    law), and the measured time to accuracy against the predicted one."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = out["rows"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for r in rows:
+        seeds = [p["updates_to_target"] for p in r.get("per_seed", []) if p["updates_to_target"]]
+        ax.plot([r["mean_staleness"]] * len(seeds), seeds, ".", color="0.6")
+    for key, marker, label in (("updates_to_target", "o", "runtime (median of seeds)"),
+                               ("emulated_updates", "x", "emulator (runtime's pmfs)"),
+                               ("predicted_updates", "_", "law (all cells)")):
+        pts = [(r["mean_staleness"], r[key]) for r in rows if r.get(key)]
+        ax.plot(*zip(*pts), marker, ms=9, ls="none", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="mean staleness (versions)", ylabel=f"updates to {target:g}")
+    both = [r for r in rows if r["time_to_accuracy_s"] and r.get("predicted_time_to_accuracy_s")]
+    meas = np.array([r["time_to_accuracy_s"] for r in both])
+    pred = np.array([r["predicted_time_to_accuracy_s"] for r in both])
+    bx.scatter(meas, pred, c=[r["mean_staleness"] for r in both], cmap="viridis")
+    for r in both:
+        bx.annotate(f"{r['learners']}:{r['sub_batch']}:{r['network_time_s']:g}",
+                    (r["time_to_accuracy_s"], r["predicted_time_to_accuracy_s"]), fontsize=7)
+    for k, (key, marker) in enumerate((("choice", "*"), ("measured_fastest", "s"))):
+        r = rows[out[key]]
+        if r["time_to_accuracy_s"]:
+            bx.plot(r["time_to_accuracy_s"], r["predicted_time_to_accuracy_s"], marker, ms=15, mfc="none",
+                    color=("tab:red", "k")[k], label=key.replace("_", " "))
+    lim = np.array([min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.2])
+    for f, ls in ((1.0, "-"), (1.2, ":"), (1 / 1.2, ":")):
+        bx.plot(lim, lim * f, ls, color="0.6", lw=1)
+    bx.set(xscale="log", yscale="log", xlabel=f"measured time to {target:g} (s)", ylabel="predicted (s)")
+    for a in (ax, bx):
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise ConfigError("arguments", argv[1:], "none besides --flags")
@@ -331,6 +374,10 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if config.runtime_configs:
         out = validate_runtime(config)
+        with open(os.path.join(_WORKDIR.value, "runtime_comparison.json"), "w") as f:
+            json.dump(out, f, indent=1, default=float)
+        if _PLOT.value:
+            plot_runtime(_PLOT.value, out, planner.check_target_accuracy(config.target_accuracy))
         print(json.dumps(out, default=float) if _JSON.value else json.dumps(out, indent=1, default=float))
         return
 

@@ -99,3 +99,38 @@ def test_a_tiny_plan_then_the_same_plan_from_the_cache(tmp_path):
     assert u["runs"]["trained"] == 0  # the same runs, read back: the target is not part of a run's key
     if not u["reached"]:
         assert u["best_reached"]["accuracy"] < 1.0
+
+
+@pytest.mark.slow
+def test_the_runtime_comparison_with_two_seeds_then_rejudged_from_its_runs(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    c = "--config."
+    args = [sys.executable, "experiments/plan.py", c + "target_accuracy=0.3", c + "runtime_configs=1:8:0.01,2:16:0",
+            c + "runtime_updates=120", c + "runtime_seeds=2", c + "eval_every=10", c + "max_updates=120",
+            c + "seeds=2", c + "base_lr=0.1", c + "momentum=0.5", f"--workdir={tmp_path / 'w'}",
+            f"{c}cache_dir={tmp_path / 'cache'}", "--json"]
+    r = subprocess.run(args + [f"--plot={tmp_path / 'rt.png'}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert json.loads((tmp_path / "w" / "runtime_comparison.json").read_text())["rows"] == out["rows"]
+    assert sorted(os.listdir(tmp_path / "w")) == ["config.json", "n1_b8_t0.01", "n1_b8_t0.01_s1", "n2_b16_t0",
+                                                   "n2_b16_t0_s1", "runtime_comparison.json"]
+    for row in out["rows"]:
+        seeds = row["per_seed"]
+        assert len(seeds) == 2 and seeds[0]["mean_staleness"] != seeds[1]["mean_staleness"]  # two real runs
+        assert row["mean_staleness"] == pytest.approx((seeds[0]["mean_staleness"] + seeds[1]["mean_staleness"]) / 2)
+    chosen = out["rows"][out["choice"]]
+    assert not chosen.get("extrapolated", True) or all(r.get("extrapolated", True) for r in out["rows"])
+    if any(row["time_to_accuracy_s"] for row in out["rows"]):
+        assert (tmp_path / "rt.png").exists()
+    again = subprocess.run(args + [c + "runtime_reuse=True"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    # The same runs and emulated cells, read back (the cache keeps the cells' accuracies to float32).
+    for row, before in zip(json.loads(again.stdout)["rows"], out["rows"]):
+        assert row["per_seed"] == before["per_seed"] and row["mean_staleness"] == before["mean_staleness"]
+        assert row.keys() == before.keys()
+        for k, v in before.items():  # the law's fits start from the float32-rounded cells: to 1%
+            rel = 1e-2 if k.startswith(("predicted", "relative")) else 1e-4
+            assert row[k] == (pytest.approx(v, rel=rel) if isinstance(v, float) else v), k
