@@ -189,11 +189,11 @@ def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) 
     coupled = [r for r in rows if r.get("count_coupling")]
     if coupled:  # events.count_coupling: what the model's independent learners would give as 1 and 1
         lines += ["", "| config | count slope / arrival rate | count variance: updater cycles | random windows | "
-                      "ratio |", "|---|---|---|---|---|"]
+                      "ratio | learner compute lag-1 autocorrelation |", "|---|---|---|---|---|---|"]
         for r in coupled:
             c = r["count_coupling"]
             lines.append(f"| {r['name']} | {c['slope_ratio']:.2f} | {c['var_cycles']:.2f} | {c['var_random']:.2f} | "
-                         f"{c['variance_ratio']:.2f} |")
+                         f"{c['variance_ratio']:.2f} | {c.get('compute_lag1', math.nan):.2f} |")
     return "\n".join(lines)
 
 

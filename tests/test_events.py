@@ -184,6 +184,16 @@ def test_count_coupling_finds_what_the_model_assumes_and_what_breaks_it():
         events.simulate_log(4, 0.02, 0.03, 0.3, 0.0, duration_s=300.0, warmup_s=1.0, seed=3), 0.01, 4))
     assert abs(stalled["slope_ratio"]) < 0.15
     assert stalled["variance_ratio"] < 0.8
+    # Renewal learners: one gradient's compute time says nothing of the next one's.
+    assert c["compute_lag1"] == pytest.approx(0.0, abs=0.05)
+    # A learner whose slowness persists: its compute times in ascending order (the same times, so the same
+    # mean and cv) are as correlated from one gradient to the next as they can be.
+    slow = {k: np.array(v) for k, v in ev.items()}
+    for who in np.unique(slow["grad_learner"]):
+        i = np.flatnonzero(slow["grad_learner"] == who)
+        i = i[np.argsort(slow["grad_t_start"][i])]
+        slow["grad_t_end"][i] = slow["grad_t_start"][i] + np.sort(slow["grad_t_end"][i] - slow["grad_t_start"][i])
+    assert events.count_coupling(slow)["compute_lag1"] > 0.9
     small = events.count_coupling(hand_log())  # swaps at 2, 4 and 7 s after the warm-up: counts 1 and 2
     assert small["var_cycles"] == pytest.approx(0.25)
     ev = hand_log()

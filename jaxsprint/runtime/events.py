@@ -311,15 +311,21 @@ def count_coupling(ev: dict[str, Any], *, windows: int = 20000, seed: int = 0) -
       windows: Random windows.
       seed: Seed of their draws.
 
+    * ``compute_lag1``: the lag-1 autocorrelation of each learner's compute times (its gradients in order,
+      after the warm-up), averaged over the learners with at least 3. 0 for the model's renewal learners;
+      above 0 when a learner's slowness persists from one gradient to the next, which widens the counts
+      beyond the model's (docs/calibration.md).
+
     Returns:
-      ``slope_ratio``, ``var_cycles``, ``var_random``, ``variance_ratio`` (NaN with fewer than 3 updates
-      after the warm-up).
+      ``slope_ratio``, ``var_cycles``, ``var_random``, ``variance_ratio``, ``compute_lag1`` (NaN with fewer
+      than 3 updates after the warm-up).
     """
     ev = check(ev)
     warm, stop = float(ev["warmup_until_s"]), float(ev["t_stop_s"])
     ups = ev["update_t_start"] >= warm
     swaps, counts = ev["update_t_start"][ups], ev["update_count"][ups].astype(np.float64)
-    nan = dict(slope_ratio=math.nan, var_cycles=math.nan, var_random=math.nan, variance_ratio=math.nan)
+    nan = dict(slope_ratio=math.nan, var_cycles=math.nan, var_random=math.nan, variance_ratio=math.nan,
+               compute_lag1=math.nan)
     if swaps.size < 3 or stop <= warm:
         return nan
     gaps, c = np.diff(swaps), counts[1:]  # update k gathers what ended between swaps k-1 and k
@@ -335,7 +341,20 @@ def count_coupling(ev: dict[str, Any], *, windows: int = 20000, seed: int = 0) -
     arrivals = np.searchsorted(ends, t0 + lengths) - np.searchsorted(ends, t0)
     var_c, var_r = float(np.var(c)), float(np.var(arrivals))
     return dict(slope_ratio=slope / rate if rate > 0 else math.nan, var_cycles=var_c, var_random=var_r,
-                variance_ratio=var_c / var_r if var_r > 0 else math.nan)
+                variance_ratio=var_c / var_r if var_r > 0 else math.nan, compute_lag1=_compute_lag1(ev, warm))
+
+
+def _compute_lag1(ev: dict[str, np.ndarray], warm: float) -> float:
+    """Mean over learners of the lag-1 autocorrelation of their compute times after ``warm``."""
+    keep = ev["grad_t_start"] >= warm
+    start, dur = ev["grad_t_start"][keep], (ev["grad_t_end"] - ev["grad_t_start"])[keep]
+    who = ev["grad_host"][keep].astype(np.int64) * (int(ev["learners_per_host"]) + 1) + ev["grad_learner"][keep]
+    acs = []
+    for w in np.unique(who):
+        x = dur[who == w][np.argsort(start[who == w], kind="stable")]
+        if x.size >= 3 and np.std(x[:-1]) > 0 and np.std(x[1:]) > 0:
+            acs.append(float(np.corrcoef(x[:-1], x[1:])[0, 1]))
+    return float(np.mean(acs)) if acs else math.nan
 
 
 def _gamma(rng: np.random.Generator, mean: float, cv: float, size: int, shift: float = 0.0) -> np.ndarray:
