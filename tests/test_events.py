@@ -32,6 +32,18 @@ def hand_log():
         lockstep=np.int64(0))
 
 
+def test_update_composition_of_a_hand_made_log():
+    # Effective staleness (v1, v2 are empty): v3 gathers 0, 0, 0; v4 1; v5 2, 2. No update mixes staleness;
+    # counts 3, 1, 2 against mean staleness 0, 1, 2: correlation -0.5.
+    c = events.update_composition(hand_log())
+    assert c["mixed_share"] == 0.0 and c["count_staleness_corr"] == pytest.approx(-0.5)
+    ev = hand_log()
+    ev["grad_read_version"][5] = 3  # had learner 1's gradient into v5 read v3: staleness 1 beside learner 0's 2
+    assert events.update_composition(ev)["mixed_share"] == pytest.approx(0.5)  # v5 of the two (v3, v5)
+    many = events.update_composition(events.simulate_log(8, 0.02, 0.005, 0.3, 0.0, duration_s=20.0, seed=1))
+    assert 0.0 <= many["mixed_share"] <= 1.0 and -1.0 <= many["count_staleness_corr"] <= 1.0
+
+
 def test_statistics_of_a_hand_made_log():
     s = events.statistics(hand_log())
     # After the warm-up: updates v3, v4, v5 (counts 3, 1, 2; swaps 2, 4, 7 s); gradients started at 1.2, 1.5,

@@ -37,7 +37,7 @@ import numpy as np
 from jaxsprint.errors import DataError
 
 __all__ = ["GRADIENT_FIELDS", "SCALAR_FIELDS", "UPDATE_FIELDS", "check", "count_coupling", "load", "save",
-           "simulate_log", "staleness", "statistics"]
+           "simulate_log", "staleness", "statistics", "update_composition"]
 
 GRADIENT_FIELDS = {"grad_learner": np.int32, "grad_host": np.int32, "grad_read_version": np.int64,
                    "grad_applied_version": np.int64, "grad_t_start": np.float64, "grad_t_end": np.float64}
@@ -97,6 +97,33 @@ def effective_staleness(ev: dict[str, np.ndarray]) -> np.ndarray:
     applied = np.clip(np.asarray(ev["grad_applied_version"]) - 1, 0, last)
     read = np.clip(np.asarray(ev["grad_read_version"]), 0, last)
     return nonempty[applied] - nonempty[read]
+
+
+def update_composition(ev: dict[str, np.ndarray]) -> dict[str, float]:
+    """How each update's gradients are composed, where the delayed-gradient emulator draws one staleness per
+    update and its mini-batch independently of it (docs/planning.md).
+
+    Over the whole log (every applied gradient).
+
+    Returns:
+      ``mixed_share``: of the updates with two or more gradients, the share whose gradients differ in
+      (effective) staleness; ``count_staleness_corr``: the correlation over non-empty updates between an
+      update's gradient count and its gradients' mean effective staleness (0 for independent draws). NaN
+      where undefined.
+    """
+    ok = np.asarray(ev["grad_applied_version"]) > 0
+    s = effective_staleness(ev)[ok].astype(np.float64)
+    _, inv = np.unique(np.asarray(ev["grad_applied_version"])[ok], return_inverse=True)
+    if s.size == 0:
+        return {"mixed_share": math.nan, "count_staleness_corr": math.nan}
+    count = np.bincount(inv).astype(np.float64)
+    mean = np.bincount(inv, s) / count
+    spread = np.bincount(inv, s * s) / count - mean ** 2
+    multi = count > 1
+    mixed = float(np.mean(spread[multi] > 1e-9)) if multi.any() else math.nan
+    corr = (float(np.corrcoef(count, mean)[0, 1]) if count.size > 2 and np.std(count) > 0 and np.std(mean) > 0
+            else math.nan)
+    return {"mixed_share": mixed, "count_staleness_corr": corr}
 
 
 def check(ev: dict[str, Any]) -> dict[str, np.ndarray]:
