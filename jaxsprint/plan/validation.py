@@ -289,7 +289,8 @@ def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunR
             if pred is None:
                 continue
             u, lo, hi, beyond = pred
-            row.update({f"extrapolated{suffix}": beyond, f"predicted_updates{suffix}": u, f"predicted_time_to_accuracy_s{suffix}": u * m["t_update_s"],
+            row.update({f"extrapolated{suffix}": beyond, f"predicted_updates{suffix}": u,
+                        f"predicted_time_to_accuracy_s{suffix}": u * m["t_update_s"],
                         f"predicted_time_low_s{suffix}": lo * m["t_update_s"],
                         f"predicted_time_high_s{suffix}": hi * m["t_update_s"]})
             if m["time_to_accuracy_s"]:

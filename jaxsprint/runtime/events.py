@@ -332,16 +332,15 @@ def count_coupling(ev: dict[str, Any], *, windows: int = 20000, seed: int = 0) -
       arrivals in ``windows`` random windows (lengths drawn from the cycles, starts uniform in the
       measured span); ``variance_ratio`` their ratio, 1 for independent arrivals, below 1 when the
       arrivals keep step with the swaps.
+    * ``compute_lag1``: the lag-1 autocorrelation of each learner's compute times (its gradients in order,
+      after the warm-up), averaged over the learners with at least 3. 0 for the model's renewal learners;
+      above 0 when a learner's slowness persists from one gradient to the next, which widens the counts
+      beyond the model's (docs/calibration.md).
 
     Args:
       ev: An event log (checked with :func:`check`).
       windows: Random windows.
       seed: Seed of their draws.
-
-    * ``compute_lag1``: the lag-1 autocorrelation of each learner's compute times (its gradients in order,
-      after the warm-up), averaged over the learners with at least 3. 0 for the model's renewal learners;
-      above 0 when a learner's slowness persists from one gradient to the next, which widens the counts
-      beyond the model's (docs/calibration.md).
 
     Returns:
       ``slope_ratio``, ``var_cycles``, ``var_random``, ``variance_ratio``, ``compute_lag1`` (NaN with fewer
