@@ -323,6 +323,31 @@ def validate_runtime(config) -> dict[str, Any]:
     return validation.compare(measured, cells, target, em.max_updates)
 
 
+def runtime_table(out: dict[str, Any], target: float) -> str:
+    """Human-readable runtime comparison (``validation.compare``'s rows and summary)."""
+    pct = lambda v: "-" if v is None else f"{100 * v:+.1f}%"  # noqa: E731
+    size = lambda v: "-" if v is None else f"{100 * abs(v):.1f}%"  # noqa: E731
+    lines = [f"   {'configuration':13s} {'stale':>6s} {'mini-b.':>8s} {'T_u ms':>7s} {'U runtime [seeds]':>26s} "
+             f"{'emul.':>6s} {'law':>6s} {'t meas. s':>9s} {'t pred. s':>9s} {'error':>7s} {'loo':>7s}"]
+    for i, r in enumerate(out["rows"]):
+        seeds = ", ".join(_fmt(p["updates_to_target"], ".0f") for p in r.get("per_seed", []))
+        mark = ("*" if i == out["choice"] else "") + ("!" if i == out["measured_fastest"] else "")
+        lines.append(
+            f"{mark:>2s} {str(r['learners']) + ':' + str(r['sub_batch']) + ':' + format(r['network_time_s'], 'g'):13s} "
+            f"{r['mean_staleness']:6.3g} "
+            f"{r['mean_minibatch']:8.4g} {1e3 * r['t_update_s']:7.3g} "
+            f"{_fmt(r['updates_to_target'], '.0f') + ' [' + seeds + ']':>26s} {_fmt(r['emulated_updates'], '.0f'):>6s} "
+            f"{_fmt(r.get('predicted_updates'), '.0f'):>6s} {_fmt(r['time_to_accuracy_s'], '.3g'):>9s} "
+            f"{_fmt(r.get('predicted_time_to_accuracy_s'), '.3g'):>9s} {pct(r.get('relative_error')):>7s} "
+            f"{pct(r.get('relative_error_loo')) + (' x' if r.get('extrapolated_loo') else ''):>7s}")
+    lines += [f"updates to {target:g} (U) and time to it (t); * the choice (held to the staleness of the cells "
+              "that reached the target), ! the measured fastest, x a leave-one-out prediction beyond that staleness",
+              f"median |error|: {size(out['median_abs_error'])} (leave one out {size(out['median_abs_error_loo'])}); "
+              f"the choice is {size(out['choice_slower_than_fastest_by'])} slower than the measured fastest; the "
+              f"emulator's updates against the runtime's: median |error| {size(out['emulator_median_abs_error'])}"]
+    return "\n".join(lines)
+
+
 def plot_runtime(path: str, out: dict[str, Any], target: float) -> None:
     """The runtime comparison: updates to the target against the mean staleness (runtime seeds, emulator,
     law), and the measured time to accuracy against the predicted one."""
@@ -378,7 +403,12 @@ def main(argv: list[str]) -> None:
             json.dump(out, f, indent=1, default=float)
         if _PLOT.value:
             plot_runtime(_PLOT.value, out, planner.check_target_accuracy(config.target_accuracy))
-        print(json.dumps(out, default=float) if _JSON.value else json.dumps(out, indent=1, default=float))
+        if _JSON.value:
+            print(json.dumps(out, default=float))
+            return
+        print(runtime_table(out, planner.check_target_accuracy(config.target_accuracy)))
+        print(f"wrote {os.path.join(_WORKDIR.value, 'runtime_comparison.json')}" +
+              (f" and {_PLOT.value}" if _PLOT.value else ""))
         return
 
     t0 = time.time()

@@ -134,3 +134,7 @@ def test_the_runtime_comparison_with_two_seeds_then_rejudged_from_its_runs(tmp_p
         for k, v in before.items():  # the law's fits start from the float32-rounded cells: to 1%
             rel = 1e-2 if k.startswith(("predicted", "relative")) else 1e-4
             assert row[k] == (pytest.approx(v, rel=rel) if isinstance(v, float) else v), k
+    table = subprocess.run([a for a in args if a != "--json"] + [c + "runtime_reuse=True"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert "median |error|" in table.stdout and "1:8:0.01" in table.stdout and "2:16:0" in table.stdout
