@@ -267,13 +267,18 @@ def compare(measured: Sequence[Mapping[str, Any]], cells: Sequence[emulator.RunR
 
     cs = [planner.cell_from_result(r, target_accuracy, max_updates) for r in cells]
 
+    fits: dict[tuple[int, ...], plan_lib.LawFit] = {}  # the all-cells fit serves every row: fitted once
+
     def law_at(i: int, cells_used: list[int]) -> tuple[float, float, float, bool] | None:
         if not any(not cs[j].censored for j in cells_used):
             return None
-        fit = plan_lib.fit_law([measured[j]["mean_minibatch"] for j in cells_used],
-                               [measured[j]["mean_staleness"] for j in cells_used],
-                               [cs[j].log_updates for j in cells_used], [cs[j].log_var for j in cells_used],
-                               [cs[j].censored for j in cells_used])
+        key = tuple(cells_used)
+        if key not in fits:
+            fits[key] = plan_lib.fit_law([measured[j]["mean_minibatch"] for j in cells_used],
+                                         [measured[j]["mean_staleness"] for j in cells_used],
+                                         [cs[j].log_updates for j in cells_used],
+                                         [cs[j].log_var for j in cells_used], [cs[j].censored for j in cells_used])
+        fit = fits[key]
         u, lo, hi = (float(v[0]) for v in plan_lib.band(fit, measured[i]["mean_minibatch"],
                                                        measured[i]["mean_staleness"]))
         return u, lo, hi, measured[i]["mean_staleness"] > fit.max_staleness * (1.0 + 1e-6)
