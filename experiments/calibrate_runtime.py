@@ -21,6 +21,7 @@ measurements go to ``measurements`` (read back by ``fit_only``), the preset to `
 its source and relative standard error, the fit's summary and the command (the design is in the measurements); ``run_sprint.py``,
 ``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py`` take it as ``--machine_file``.
 """
+import math
 import os
 import sys
 
@@ -78,6 +79,8 @@ def _read_json(field, path, what):
 # What a runtime run's record keeps of its measured statistics (the fit reads the cycle means and cvs).
 _RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
            "updates", "mean_staleness")
+# Kept where measured (the logs of before these statistics lack them): the updater's empty and applying cycles.
+_SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
 # The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
 _RUN_FIELDS = {"config.sprint.learners_per_host": "learners", "config.sprint.sub_batch": "run_sub_batch",
                "config.sprint.network_time_s": "network_times", "config.sprint.duration_s": "duration_s",
@@ -172,7 +175,8 @@ def runs_from(path):
               "measured cycle statistics (validate_runtime.py's results.json)")
         try:
             out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
-                            sub_batch=int(r["sub_batch"]), **{k: m[k] for k in measured}))
+                            sub_batch=int(r["sub_batch"]), updater_device=str(r.get("updater_device") or "own"),
+                            **{k: m[k] for k in measured}, **{k: m[k] for k in _SPLIT if k in m}))
         except (TypeError, ValueError):
             raise ConfigError("config.calibration.runs_from", path, "runs whose learners_per_host, hosts and "
                               "sub_batch are integers (validate_runtime.py's results.json)") from None
@@ -228,7 +232,8 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                 shutil.rmtree(workdir, ignore_errors=True)
             rec = dict(learners_per_host=int(n), hosts=1, sub_batch=int(k.run_sub_batch), network_time_s=float(nt),
                        **{k: st[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
-                                             "images_per_s", "gradients", "updates", "mean_staleness")})
+                                             "images_per_s", "gradients", "updates", "mean_staleness")},
+                       **{k: (st[k] if math.isfinite(st[k]) else None) for k in _SPLIT})
             runs.append(rec)
             log(f"run: {n} learners, network {nt} s: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv "
                 f"{rec['t_compute_cv']:.2f}), T_u {1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), "
@@ -301,13 +306,14 @@ def measure_design(config, measured, log=print):
                 res = runtime_runs.run_entry(e, os.path.join(root, e.name), config_file=config_file,
                                              overrides=overrides, machine_args=["--machine=cpu_runtime"],
                                              duration_s=plan[i], warmup_s=k.warmup_s, timeout_s=k.run_timeout_s,
-                                             specs=False)
+                                             specs=False, compile_cache_dir=os.path.join(root, "compile-cache"))
             except RuntimeError as err:  # one failed run does not end the calibration; it is reported
                 log(f"{e.name}: FAILED: {err}")
                 continue
             m = res["measured"]
             rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
-                       updater_device=e.updater_device, **{f: m[f] for f in _RECORD})
+                       updater_device=e.updater_device, **{f: m[f] for f in _RECORD},
+                       **{f: m[f] for f in _SPLIT if f in m})
             records.append(rec)
             log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
                 f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "

@@ -42,6 +42,8 @@ _PLOT, _JSON = common_flags.PLOT, common_flags.JSON
 _MACHINE, _MACHINE_FILE = common_flags.MACHINE, common_flags.MACHINE_FILE
 _DEFAULT_MACHINE = "cpu_runtime"
 _SPECS = flags.DEFINE_bool("specs", True, "Also predict from specs (costs a few seconds of XLA cost analysis).")
+_PREDICT = flags.DEFINE_bool("predict", True, "Predict at all (--nopredict: the measured statistics alone, without "
+                             "the model's programs to compile; what the calibration's runs need).")
 _UPDATE_CV = flags.DEFINE_bool("update_cv", True, "Give the model the measured jitter of the updater cycle "
                                "(False: the protocol's fixed cycle).")
 _EVENTS = flags.DEFINE_string("events", None, "Analyse this events.npz instead of running (--config is then "
@@ -181,9 +183,9 @@ def main(argv):
     if process_index != 0:
         return
     measured = events.statistics(log)
-    predictions = {"timings": compare.predict_from_timings(measured, use_update_cv=_UPDATE_CV.value),
-                   "specs": None}
-    if machine is not None:
+    predictions = {"timings": compare.predict_from_timings(measured, use_update_cv=_UPDATE_CV.value)
+                   if _PREDICT.value else None, "specs": None}
+    if machine is not None and _PREDICT.value:
         network = compare.network_cost(config)
         predictions["specs"] = compare.predict_from_specs(
             *machine, network, config, num_hosts=measured["num_hosts"],

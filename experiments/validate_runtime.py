@@ -34,7 +34,9 @@ import csv
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 os.environ["JAX_PLATFORMS"] = "cpu"  # every run is on XLA:CPU (run_config), so are this process's checks and costs
@@ -93,13 +95,14 @@ def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
 
 
 def run_config(entry: grids.Entry, workdir: str, *, duration_s: float, warmup_s: float, overrides: list[str],
-               timeout_s: float) -> dict:
+               timeout_s: float, compile_cache_dir: str | None = None) -> dict:
     """:func:`experiments.runtime_runs.run_entry` with this command's config file and machine preset."""
     v = _CONFIG.value.validation
     return runtime_runs.run_entry(entry, workdir, config_file=config_flags.get_config_filename(flags.FLAGS["config"]),
                                   overrides=overrides, machine_args=[f"--machine_file={v.machine_file}" if
                                                                      v.machine_file else f"--machine={v.machine}"],
-                                  duration_s=duration_s, warmup_s=warmup_s, timeout_s=timeout_s)
+                                  duration_s=duration_s, warmup_s=warmup_s, timeout_s=timeout_s,
+                                  compile_cache_dir=compile_cache_dir)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -500,33 +503,38 @@ def main(argv):
     rows, failures = [], []
     min_grad = 1 if _QUICK.value else v.min_gradients
     min_upd = 1 if _QUICK.value else v.min_updates
-    for g in grid:
-        duration = plan[g.name]
-        res = None
-        for attempt in range(2):
-            t0 = time.monotonic()
-            try:
-                res = run_config(g, os.path.join(_OUT.value, "runs", g.name), duration_s=duration, warmup_s=warmup,
-                                 overrides=overrides, timeout_s=v.run_timeout_s)
-            except RuntimeError as e:  # one failed configuration does not end the grid; it is reported
-                print(f"{g.name}: FAILED: {e}", flush=True)
-                failures.append({"name": g.name, "error": str(e)})
-                break
-            m = res["measured"]
-            short = max(min_grad / max(m["gradients"], 1), min_upd / max(m["updates"], 1))
-            print(f"{g.name}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
-                  f"(wall {time.monotonic() - t0:.0f} s), T_u/T_c {m['t_update_s'] / m['t_compute_s']:.3g}; "
-                  f"from timings: {json.dumps(res['errors_from_timings'])}", flush=True)
-            if short <= 1 or attempt == 1 or duration >= v.max_duration_s:
-                break
-            duration = min(v.max_duration_s, warmup + 1.3 * short * (duration - warmup) + 1.0)
-            print(f"{g.name}: too short, again for {duration:.1f} s", flush=True)
-        if res is not None:
-            rows.append(dict(name=g.name, hosts=g.hosts, learners_per_host=g.learners_per_host,
-                             sub_batch=g.sub_batch, network_ms=g.network_ms, updater_device=g.updater_device,
-                             duration_s=duration, **res))
-        with open(os.path.join(_OUT.value, "results.json"), "w") as fh:  # kept as it grows
-            json.dump({"runs": rows, "failures": failures}, fh)
+    cache = tempfile.mkdtemp(prefix="jaxsprint-validate-cache-")  # the runs' shared compilation cache
+    try:
+        for g in grid:
+            duration = plan[g.name]
+            res = None
+            for attempt in range(2):
+                t0 = time.monotonic()
+                try:
+                    res = run_config(g, os.path.join(_OUT.value, "runs", g.name), duration_s=duration, warmup_s=warmup,
+                                     overrides=overrides, timeout_s=v.run_timeout_s,
+                                     compile_cache_dir=cache)
+                except RuntimeError as e:  # one failed configuration does not end the grid; it is reported
+                    print(f"{g.name}: FAILED: {e}", flush=True)
+                    failures.append({"name": g.name, "error": str(e)})
+                    break
+                m = res["measured"]
+                short = max(min_grad / max(m["gradients"], 1), min_upd / max(m["updates"], 1))
+                print(f"{g.name}: {m['gradients']} gradients, {m['updates']} updates after the warm-up in {duration:.1f} s "
+                      f"(wall {time.monotonic() - t0:.0f} s), T_u/T_c {m['t_update_s'] / m['t_compute_s']:.3g}; "
+                      f"from timings: {json.dumps(res['errors_from_timings'])}", flush=True)
+                if short <= 1 or attempt == 1 or duration >= v.max_duration_s:
+                    break
+                duration = min(v.max_duration_s, warmup + 1.3 * short * (duration - warmup) + 1.0)
+                print(f"{g.name}: too short, again for {duration:.1f} s", flush=True)
+            if res is not None:
+                rows.append(dict(name=g.name, hosts=g.hosts, learners_per_host=g.learners_per_host,
+                                 sub_batch=g.sub_batch, network_ms=g.network_ms, updater_device=g.updater_device,
+                                 duration_s=duration, **res))
+            with open(os.path.join(_OUT.value, "results.json"), "w") as fh:  # kept as it grows
+                json.dump({"runs": rows, "failures": failures}, fh)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     if not rows:
         raise ConfigError("grid", [f["name"] for f in failures], f"runs that work: every run failed, the first "
                                                                  f"with {failures[0]['error']}")

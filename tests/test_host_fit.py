@@ -17,8 +17,8 @@ HOST = hf.load_host(mc.get("cpu_runtime"), "cpu_runtime")
 TRUE = (mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=4e-4),
         hf.with_figures(HOST, learner_overhead_s=2e-3, learner_step_cores=1.6, learner_step_cores_half_batch=24.0,
                         updater_per_learner_s=8e-4, updater_cores=0.3, updater_hosts_stretch=1.5, updater_queue=0.3,
-                        updater_apply_s=1.5e-3, updater_lock_waits=1.5, learner_lock_wait_s=1e-3, learner_cv=0.25,
-                        updater_cv=1.5))
+                        updater_apply_s=1.5e-3, updater_lock_waits=1.5, learner_lock_wait_s=1e-3,
+                        learner_updater_stretch=0.4, learner_cv=0.25, updater_cv=1.5))
 # Where the fits start: the preset with a measured lone step's cores (1.3; fitted from there).
 START = (mc.get("cpu_runtime"), hf.with_figures(HOST, learner_step_cores=1.3))
 
@@ -31,9 +31,14 @@ CONFIGS = [(n, 1, b, nt) for n in (1, 2, 4, 8) for b in (16, 32) for nt in (0.0,
 
 
 def _runs(pair):
+    """The runs ``pair`` makes; those without network time (the updater cycling back to back) also with their
+    empty and applying cycles, measured over 100 of each."""
     t = rc.predict_runs(*pair, NET, [rc.RuntimeRun(*c, 1.0, 1.0) for c in CONFIGS])
-    return [rc.RuntimeRun(*c, float(tc), float(tu), float(cc), float(cu), label=str(c))
-            for c, tc, tu, cc, cu in zip(CONFIGS, t.t_compute_s, t.t_update_s, t.t_compute_cv, t.t_update_cv)]
+    return [rc.RuntimeRun(*c, float(tc), float(tu), float(cc), float(cu), label=str(c),
+                          t_update_empty_s=float(te), t_update_applying_s=float(ta),
+                          empty_cycles=100 * (c[3] == 0), applying_cycles=100 * (c[3] == 0))
+            for c, tc, tu, cc, cu, te, ta in zip(CONFIGS, t.t_compute_s, t.t_update_s, t.t_compute_cv, t.t_update_cv,
+                                                 t.t_update_empty_s, t.t_update_applying_s)]
 
 
 @functools.cache

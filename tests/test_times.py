@@ -83,12 +83,12 @@ def test_runtime_times_by_their_formulas():
     """The learner cycle is the smooth maximum of its lone cycle, its process's interpreter-lock bound and the
     cores bound; the updater's own part, stretched on co-located hosts, plus the network parts (hand-computed)."""
     net = zoo.get("resnet8")
-    g, p, a, c, cu, sh = 1.5e-3, 1.5, 2e-3, 1e-3, 0.3, 1.2
+    g, p, a, c, cu, sh, kappa = 1.5e-3, 1.5, 2e-3, 1e-3, 0.3, 1.2, 0.2
     m = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=a)
     h = hf.with_figures(_host(), learner_overhead_s=g, learner_step_cores=p, updater_per_learner_s=c,
                         updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
                         updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_lock_wait_s=0.0,
-                        updater_lock_waits=0.0)
+                        updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa)
     p4 = 4.0 * float(net.total_params)
     host = lambda n_h: (n_h + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s)  # noqa
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
@@ -99,8 +99,14 @@ def test_runtime_times_by_their_formulas():
     assert float(r.t_update_s) == pytest.approx(own + 0.03 + ring, rel=1e-5)
     beta = own / (own + 0.03 + ring)
     step = float(times.compute_time_s(net, m, 32.0, 8.0))
-    t_c = _smax(step + g, 4 * g / (1 - beta / 2), 8 * p * step / (2 - 2 * beta * cu))
+    # The lone cycle stretched by both busy updaters, the cores bound with each learner's host work.
+    t_c = _smax(step * (1 + kappa * 2 * beta) + g, 4 * g / (1 - beta / 2), 8 * (p * step + g) / (2 - 2 * beta * cu))
     assert float(r.t_compute_s) == pytest.approx(t_c, rel=1e-5)
+    # The two kinds of cycle: an empty one pays no host passes; their mix is the mean.
+    empty, applying = float(r.t_update_empty_s), float(r.t_update_applying_s)
+    assert empty == pytest.approx((a + 4 * c) * (1 + sh) + 0.03 + ring, rel=1e-5)
+    assert applying == pytest.approx(empty + host(4) * (1 + sh), rel=1e-5)
+    assert (1 - share) * empty + share * applying == pytest.approx(float(r.t_update_s), rel=1e-5)
     assert float(r.t_update_cv) == pytest.approx(0.4 * own / float(r.t_update_s), rel=1e-5)
     assert float(r.t_compute_cv) == pytest.approx(float(h.learner_cv))
     # One host: no all-reduce and no stretch; one learner alone: its lone cycle dominates.
@@ -108,7 +114,9 @@ def test_runtime_times_by_their_formulas():
     share1 = 1.0 - np.exp(-float(one.t_update_s) / float(one.t_compute_s))  # most cycles empty: no host passes
     assert share1 < 0.5 and float(one.t_update_s) == pytest.approx(host(1) * share1 + a + c, rel=1e-4)
     step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
-    assert float(one.t_compute_s) == pytest.approx(_smax(step1 + g, g / 0.5, p * step1 / (2 - cu)), rel=1e-5)
+    # Its updater never sleeps (beta = 1): the step stretched by kappa, the lock bound at g / (1 - 1/2).
+    assert float(one.t_compute_s) == pytest.approx(_smax(step1 * (1 + kappa) + g, g / 0.5, (p * step1 + g) / (2 - cu)),
+                                                   rel=1e-5)
     # Separate machines: each host's learners alone on its cores, no stretch.
     apart = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
                              co_located=False)
@@ -147,7 +155,7 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
     gathers gradients and nearly none when almost every cycle is empty (hand-computed)."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
-    base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5)
+    base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5, updater_queue=0.0)
     t_a = 4e-3
     m = hf.with_figures(base, updater_apply_s=t_a)
     for hosts, per_host, b, net_s in ((2, 4, 32, 0.03), (1, 2, 128, 0.0), (2, 1, 8, 0.0), (1, 8, 64, 0.002)):
@@ -186,8 +194,9 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
 
 
 def test_runtime_updater_queue_once_the_learners_fill_the_cores():
-    """The queue term: q times one device step, only once the learners alone fill the cores (N >= C), stretched
-    like the rest of the updater's own work on co-located hosts; the network part does not change."""
+    """The queue term: q times one device step for each updater program (an applied update, an all-reduce), only
+    once the learners alone fill the cores (N >= C), stretched like the rest of the updater's own work on
+    co-located hosts; the network part does not change."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
     base = hf.with_figures(_host(), updater_queue=0.0, updater_hosts_stretch=1.0)
@@ -201,7 +210,11 @@ def test_runtime_updater_queue_once_the_learners_fill_the_cores():
     assert t1 - t0 == pytest.approx(0.5 * step, rel=1e-4)   # N = C
     t0h = float(hf.runtime_update_time_s(net, rt, base, 2, 2, sharing_learners=4, **kw))
     t1h = float(hf.runtime_update_time_s(net, rt, m, 2, 2, sharing_learners=4, **kw))
-    assert t1h - t0h == pytest.approx(2.0 * 0.5 * step, rel=1e-4)  # x (1 + updater_hosts_stretch)
+    # Two programs a cycle (the update, the all-reduce), each x (1 + updater_hosts_stretch).
+    assert t1h - t0h == pytest.approx(2.0 * 2.0 * 0.5 * step, rel=1e-4)
+    # A cycle that gathers nothing runs no program on one host: no queue.
+    e0 = float(hf.runtime_update_time_s(net, rt, base, 1, 2, nonempty=0.0, **kw))
+    assert float(hf.runtime_update_time_s(net, rt, m, 1, 2, nonempty=0.0, **kw)) == pytest.approx(e0, rel=1e-6)
 
 
 def test_smooth_max_has_a_finite_gradient_where_both_are_zero():
@@ -219,7 +232,7 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
     rt = mc.get("cpu_runtime")
     g, n_l, w_l, w = 1e-3, 2.0, 3e-3, 0.25
     base = hf.with_figures(_host(), learner_overhead_s=g, updater_lock_waits=0.0, learner_lock_wait_s=0.0,
-                           updater_shared_wait=0.0, updater_hosts_stretch=0.0)
+                           updater_shared_wait=0.0, updater_hosts_stretch=0.0, learner_updater_stretch=0.0)
     m = hf.with_figures(base, updater_lock_waits=n_l, learner_lock_wait_s=w_l, updater_shared_wait=w)
     kw = dict(learners_per_host=6, hosts=1, sub_batch=8, network_time_s=0.004)
     for shared in (0.0, 1.0):
@@ -233,7 +246,7 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
         step = float(times.compute_time_s(net, rt, 8.0, 6.0))
         p = float(hf.step_cores(m, 8.0))
         want = _smax(step + g + w_l * beta, 6 * g / (1 - beta / 2),
-                     6 * p * step / (float(m.cores_per_node) - beta * float(m.updater_cores)))
+                     6 * (p * step + g) / (float(m.cores_per_node) - beta * float(m.updater_cores)))
         assert t_c == pytest.approx(want, rel=2e-3)
     assert float(hf.runtime_times(net, rt, m, shared=1.0, **kw).t_update_s) > float(
         hf.runtime_times(net, rt, m, **kw).t_update_s)

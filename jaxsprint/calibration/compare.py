@@ -351,7 +351,8 @@ def compare(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[s
 
 REPORT_KEYS = ("epoch_time_s", "mean_minibatch", "mean_staleness", "minibatch_pmf", "staleness_pmf")
 MEASURED_KEYS = REPORT_KEYS + ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s",
-                               "gradients", "updates")
+                               "gradients", "updates", "t_update_empty_s", "t_update_applying_s", "empty_cycles",
+                               "applying_cycles")
 
 
 def jsonable(value: Any) -> Any:

@@ -50,11 +50,11 @@ __all__ = ["FIELDS", "HOST_FORMAT", "HostFigures", "NEUTRAL", "RUNTIME_ITERATION
            "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped", "step_cores",
            "with_figures"]
 
-RUNTIME_ITERATIONS = 12  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
+RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-1"
+HOST_FORMAT = "jaxsprint-host-2"
 
 
 @struct.dataclass
@@ -74,6 +74,8 @@ class HostFigures:
       updater_shared_wait: ``w``, the share of a learner cycle one updater program waits on a shared device.
       updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
+      learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
+        machine (an updater that never sleeps takes cycles from the step's threads).
       learner_cv: Coefficient of variation of the learner cycle.
       updater_cv: Coefficient of variation of the updater's own work.
       name: Name (static).
@@ -92,6 +94,7 @@ class HostFigures:
     updater_shared_wait: jax.Array
     updater_lock_waits: jax.Array
     learner_lock_wait_s: jax.Array
+    learner_updater_stretch: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="host")
@@ -113,6 +116,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
+    learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
     updater_cv=(0.0, "neutral: 0 (a deterministic updater cycle, the protocol's assumption)"),
 )
@@ -225,14 +229,16 @@ def nonempty_probability(gradients_per_cycle: jax.Array) -> jax.Array:
     return -jnp.expm1(-jnp.maximum(gradients_per_cycle, 0.0))
 
 
-def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy):
+def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy,
+                   updater_load=None):
     """:func:`runtime_compute_time_s` from its device step ``step`` (computed once by the callers)."""
     c = host.cores_per_node if cores is None else cores
     n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
+    load = updater_busy if updater_load is None else updater_load
     g = host.learner_overhead_s
-    lone = step + g + host.learner_lock_wait_s * updater_busy
+    lone = step * (1.0 + host.learner_updater_stretch * load) + g + host.learner_lock_wait_s * updater_busy
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
-    units = n * step_cores(host, sub_batch) * step / jnp.maximum(1e-3, c - updater_demand)
+    units = n * (step_cores(host, sub_batch) * step + g) / jnp.maximum(1e-3, c - updater_demand)
     k = RUNTIME_SHARPNESS
     top = jnp.maximum(jnp.maximum(lone, lock), units)  # scaled, so that the powers stay in float32 range
     return top * ((lone / top) ** k + (lock / top) ** k + (units / top) ** k) ** (1.0 / k)
@@ -255,23 +261,25 @@ def runtime_compute_time_s(network: NetworkCost, machine: Machine, host: HostFig
 
 def _update_parts(network, machine, host, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
                   sub_batch=None, co_located=True):
-    """``(own work of every cycle, own work of applying an update (reading the gradients and stepping the
-    optimizer), the network's part)`` of the updater cycle."""
+    """``(own work of every cycle, own work of every updater program (applying an update, an all-reduce):
+    waiting for the learners' programs, own work of applying an update (reading the gradients and stepping
+    the optimizer), the network's part)`` of the updater cycle."""
     c = host.cores_per_node if cores is None else cores
     n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
     h = jnp.asarray(nodes, jnp.float32)
     param_bytes = BYTES_PER_VALUE * network.total_params
     t_host = (g + machine.updater_passes) * param_bytes / machine.host_memory_bandwidth_bytes_per_s
-    t_queue = 0.0
+    t_queue = jnp.float32(0.0)
     if sub_batch is not None:
         full = jnp.clip(n - c + 1.0, 0.0, 1.0)  # the learners alone keep every core busy
         t_queue = host.updater_queue * full * compute_time_s(network, machine, sub_batch, gpus_per_node=learners)
     stretch = (1.0 + jnp.where(h > 1, host.updater_hosts_stretch, 0.0)) if co_located else 1.0
-    t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g + t_queue) * stretch
+    t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
-    return t_base, (host.updater_apply_s + t_host) * stretch, t_net + jnp.asarray(network_time_s, jnp.float32)
+    return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch,
+            t_net + jnp.asarray(network_time_s, jnp.float32))
 
 
 def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigures, nodes: jax.Array,
@@ -285,9 +293,10 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigu
     updater's cores (default ``N_h``); ``sub_batch``: for the queue term (None: none); ``co_located``: the
     hosts are processes of one machine (stretch ``1 + s_H``); ``nonempty``: the share of cycles that apply.
     """
-    t_base, t_apply, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
-                                            sharing_learners, cores, algorithm, sub_batch, co_located)
-    return t_base + t_apply * nonempty + t_wait
+    t_base, t_queue, t_apply, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
+                                                     sharing_learners, cores, algorithm, sub_batch, co_located)
+    programs = nonempty + jnp.where(jnp.asarray(nodes, jnp.float32) > 1, 1.0, 0.0)
+    return t_base + t_queue * programs + t_apply * nonempty + t_wait
 
 
 class RuntimeTimes(NamedTuple):
@@ -297,6 +306,8 @@ class RuntimeTimes(NamedTuple):
     t_update_s: jax.Array  # mean updater cycle (s)
     t_compute_cv: jax.Array
     t_update_cv: jax.Array
+    t_update_empty_s: jax.Array  # mean updater cycle that gathers no gradient (s)
+    t_update_applying_s: jax.Array  # mean updater cycle that applies an update (s)
 
 
 def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, learners_per_host: jax.Array,
@@ -316,8 +327,8 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     sharing = per_host * h if co_located else per_host
     updaters = h if co_located else jnp.float32(1.0)
 
-    t_base, t_apply, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s, sharing,
-                                            None, algorithm, sub_batch, co_located)
+    t_base, t_queue, t_apply, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s,
+                                                     sharing, None, algorithm, sub_batch, co_located)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
     shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
@@ -325,14 +336,16 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
         rho = jnp.minimum(0.95, per_host * host.learner_overhead_s / t_c_before)  # the learners' lock share
         t_lock = host.updater_lock_waits * host.learner_overhead_s * rho / (1.0 - rho)
-        t_own = t_base + t_apply * nonempty + shared_wait * t_c_before * (nonempty + programs) + t_lock
+        per_program = t_queue + shared_wait * t_c_before
+        t_empty = t_base + per_program * programs + t_lock
+        t_own = t_empty + (t_apply + per_program) * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
-                             beta)
-        return t_own, t_u, t_c
+                             beta, updaters * beta)
+        return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + per_program + t_wait
 
-    t_own, t_u, t_c = cycles(1.0, step)
+    t_own, t_u, t_c, t_e, t_a = cycles(1.0, step)
     for _ in range(RUNTIME_ITERATIONS):
-        t_own, t_u, t_c = cycles(nonempty_probability(per_host * h * t_u / t_c), t_c)
-    return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u)
+        t_own, t_u, t_c, t_e, t_a = cycles(nonempty_probability(per_host * h * t_u / t_c), t_c)
+    return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u, t_e, t_a)

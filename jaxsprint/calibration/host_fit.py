@@ -49,7 +49,8 @@ COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_b
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
-                  "updater_lock_waits", "learner_lock_wait_s", "learner_step_cores", "learner_step_cores_half_batch")
+                  "updater_lock_waits", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
+                  "learner_step_cores_half_batch")
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
@@ -62,18 +63,21 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
                   "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
                   "updater_shared_wait": (1e-3, 2.0), "updater_lock_waits": (1e-3, 20.0),
-                  "learner_lock_wait_s": (1e-6, 0.05)}
+                  "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
-                 "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3}
+                 "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
+                 "learner_updater_stretch": 0.3}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined by
 # the runs: fit_all(fix_undetermined=True) holds it at its neutral value (host.NEUTRAL, 0: the term off) and
 # fits the others again.
 UNDETERMINED_RSE = 1.0
+# A run's two kinds of updater cycle (empty, applying) enter the fit where each kind has this many cycles.
+MIN_SPLIT_CYCLES = 30
 # Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
 # is flat in it): experiments/calibrate_runtime.py holds them at these values, fit_all(fixed=FIXED), instead of
 # fitting them. {field: (value, the reason, which becomes its source)}.
@@ -110,6 +114,10 @@ class RuntimeRun:
       t_update_cv: The same for the updater cycle.
       label: Name for tables.
       updater_device: ``shared`` (the updater's programs on the first learner's device) or ``own``.
+      t_update_empty_s: Measured mean of the updater cycles that gathered no gradient (0: not measured).
+      t_update_applying_s: The same of those that applied an update.
+      empty_cycles: How many cycles the first mean is over (0: not measured).
+      applying_cycles: The same for the second.
     """
 
     learners_per_host: int
@@ -122,6 +130,10 @@ class RuntimeRun:
     t_update_cv: float = 0.0
     label: str = ""
     updater_device: str = "own"
+    t_update_empty_s: float = 0.0
+    t_update_applying_s: float = 0.0
+    empty_cycles: int = 0
+    applying_cycles: int = 0
 
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
@@ -129,10 +141,22 @@ class RuntimeRun:
         validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device)."""
         where = str(r.get("updater_device") or "own")
         check(where in ("shared", "own"), "updater_device", where, "shared or own (a runtime run's record)")
+        def optional(key, kind):  # absent or None (NaN in the JSON): not measured
+            v = r.get(key)
+            return kind(v) if v is not None and math.isfinite(float(v)) else kind(0)
+
         return cls(int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]),
                    float(r.get("network_time_s", 0.0)), float(r["t_compute_s"]), float(r["t_update_s"]),
                    float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
-                   where)
+                   where, optional("t_update_empty_s", float), optional("t_update_applying_s", float),
+                   optional("empty_cycles", int), optional("applying_cycles", int))
+
+    def split_weights(self) -> tuple[float, float]:
+        """Whether the fit uses this run's mean empty and mean applying cycle (1) or not (0): both kinds measured,
+        each over at least :data:`MIN_SPLIT_CYCLES` cycles (with one kind alone its mean is ``T_u``)."""
+        both = (min(self.empty_cycles, self.applying_cycles) >= MIN_SPLIT_CYCLES
+                and self.t_update_empty_s > 0 and self.t_update_applying_s > 0)
+        return (1.0, 1.0) if both else (0.0, 0.0)
 
 
 @dataclasses.dataclass
@@ -210,18 +234,30 @@ def _with(machine: Machine, host: HostFigures, values: dict[str, Any]) -> tuple[
     return (machine.replace(**{f: v for f, v in values.items() if f not in on_host}), host.replace(**on_host))
 
 
-def _log_residuals(log_theta, machine, host, network, cols, meas_c, meas_u, fields, co_located):
-    """Log errors of the cycle means at the fit's log parameters ``log_theta``.
+def _log_residuals(log_theta, machine, host, network, cols, meas_c, meas_u, meas_split, weights, fields,
+                   co_located):
+    """Log errors of the cycle means at the fit's log parameters ``log_theta``: ``T_c`` and ``T_u`` of every
+    run, then its mean empty and mean applying updater cycle (``meas_split``, times ``weights``: 0 where the
+    run does not measure both kinds).
 
     Everything that changes between fits is an argument, so every fit over as many runs (each
     leave-one-out fold of :func:`cross_validate`) reuses one compilation of this and of its Jacobian.
     """
     m, h = _with(machine, host, {f: jnp.exp(log_theta[i]) for i, f in enumerate(fields)})
     t = _predict_columns(m, h, network, cols, co_located)
-    return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u])
+    split = jnp.concatenate([jnp.log(t.t_update_empty_s), jnp.log(t.t_update_applying_s)]) - meas_split
+    return jnp.concatenate([jnp.log(t.t_compute_s) - meas_c, jnp.log(t.t_update_s) - meas_u, split * weights])
 
 
-_residuals, _jacobian = lsq.jax_pair(_log_residuals, static_argnums=(7, 8))
+_residuals, _jacobian = lsq.jax_pair(_log_residuals, static_argnums=(9, 10))
+
+
+def _split(runs: Sequence[RuntimeRun]) -> tuple[np.ndarray, np.ndarray]:
+    """The measured log split cycles of the runs (empty ones, then applying ones; 0 where not used) and their
+    weights."""
+    w = np.asarray([r.split_weights() for r in runs], np.float32).T.reshape(-1)
+    t = np.asarray([[r.t_update_empty_s for r in runs], [r.t_update_applying_s for r in runs]], np.float64)
+    return np.where(w > 0, np.log(np.maximum(t.reshape(-1), 1e-30)), 0.0).astype(np.float32), w
 
 
 def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun],
@@ -230,9 +266,11 @@ def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, run
     of each, a column per figure (every figure > 0), the Jacobian :func:`fit_runtime` fits with."""
     fields = tuple(fields)
     theta = jnp.log(jnp.asarray([_figure(machine, host, f) for f in fields], jnp.float32))
-    zeros = jnp.zeros(len(runs), jnp.float32)
-    jac = _jacobian(theta, machine, host, network, jnp.asarray(_columns(runs)), zeros, zeros, fields, True)
-    return np.asarray(jac, np.float64)
+    n = len(runs)
+    zeros = jnp.zeros(n, jnp.float32)
+    jac = _jacobian(theta, machine, host, network, jnp.asarray(_columns(runs)), zeros, zeros,
+                    jnp.zeros(2 * n, jnp.float32), jnp.zeros(2 * n, jnp.float32), fields, True)
+    return np.asarray(jac, np.float64)[:2 * n]
 
 
 def with_figures(machine: Machine, host: HostFigures, **values: Any) -> tuple[Machine, HostFigures]:
@@ -296,8 +334,10 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
     hi = np.log([bounds[f][1] for f in fields])
     meas_c = np.log([r.t_compute_s for r in runs])
     meas_u = np.log([r.t_update_s for r in runs])
+    meas_split, weights = _split(runs)
     args = (machine, host, network, jnp.asarray(_columns(runs)), jnp.asarray(meas_c, jnp.float32),
-            jnp.asarray(meas_u, jnp.float32), tuple(fields), bool(co_located))
+            jnp.asarray(meas_u, jnp.float32), jnp.asarray(meas_split), jnp.asarray(weights), tuple(fields),
+            bool(co_located))
 
     def start(values):
         x0 = np.asarray([math.log(min(max(float(values(f)), bounds[f][0]), bounds[f][1])) for f in fields])
@@ -308,7 +348,8 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
     starts = [start(lambda f: _figure(machine, host, f)),
               start(lambda f: RUNTIME_START.get(f, _figure(machine, host, f)))]
     res = lsq.least_squares(_residuals, np.stack(starts), args=args, jac=_jacobian, bounds=(lo, hi),
-                            max_nfev=max_nfev, bound_tol=0.03)
+                            max_nfev=max_nfev, bound_tol=0.03,  # the weights: the unused split rows are not data
+                            weights=np.concatenate([np.ones(2 * len(runs)), weights]))
     r = res.residuals
     fitted_machine, fitted_host = _with(machine, host, {f: jnp.float32(math.exp(res.x[i]))
                                                         for i, f in enumerate(fields)})
@@ -318,7 +359,7 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
         fitted.update(cvs)
     n = len(runs)
     rse, at_bound = _standard_errors(res, fields)
-    return RuntimeFit(fitted_machine, fitted_host, fitted, np.expm1(r[:n]), np.expm1(r[n:]), res.cost / n,
+    return RuntimeFit(fitted_machine, fitted_host, fitted, np.expm1(r[:n]), np.expm1(r[n:2 * n]), res.cost / n,
                       rel_std_error=rse, at_bound=at_bound)
 
 

@@ -254,7 +254,10 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
       deviation / mean) of the cycle time ``t_end - t_start`` of the applied gradients;
     * ``t_update_s``, ``t_update_cv``: the same of the updater's cycle, the gap between consecutive swaps
       (both swaps after the warm-up); ``t_update_p01_s``: the 1st percentile of those cycles (the fixed
-      part of a cycle, :func:`jaxsprint.calibration.compare.predict_from_timings`);
+      part of a cycle, :func:`jaxsprint.calibration.compare.predict_from_timings`); ``t_update_empty_s``,
+      ``t_update_applying_s``: the mean of those cycles that gathered no gradient and of those that applied
+      one (NaN where there is none), ``empty_cycles``, ``applying_cycles`` their numbers (the calibration fits
+      both kinds, :mod:`jaxsprint.calibration.host`);
     * ``images_per_s``: ``sub_batch`` times the gradients that ended in ``[warmup_until_s, t_stop_s]``,
       over that window's length (a rate of completions, unbiased for stationary learners, whether or
       not a gradient's start fell in the warm-up); ``epoch_time_s = dataset_size / images_per_s``;
@@ -290,6 +293,9 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     gaps = np.diff(ev["update_t_start"][ups])
     tu, tu_cv = _mean_cv(gaps)
     tu_p01 = float(np.percentile(gaps, 1)) if gaps.size else math.nan
+    empty = counts[:-1] == 0  # the kind of the cycle each gap measures
+    tu_empty = float(np.mean(gaps[empty])) if np.any(empty) else math.nan
+    tu_applying = float(np.mean(gaps[~empty])) if np.any(~empty) else math.nan
     window = stop - warm
     ended = np.count_nonzero((ev["grad_t_end"] >= warm) & (ev["grad_t_end"] <= stop))
     images_per_s = float(b * ended / window) if window > 0 else math.nan
@@ -298,6 +304,8 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     lph, hosts = int(ev["learners_per_host"]), int(ev["num_hosts"])
     return dict(
         t_compute_s=tc, t_compute_cv=tc_cv, t_update_s=tu, t_update_cv=tu_cv, t_update_p01_s=tu_p01,
+        t_update_empty_s=tu_empty, t_update_applying_s=tu_applying, empty_cycles=int(np.count_nonzero(empty)),
+        applying_cycles=int(np.count_nonzero(~empty)),
         images_per_s=images_per_s,
         epoch_time_s=int(ev["dataset_size"]) / images_per_s if images_per_s > 0 else math.nan,
         mean_count=mean_count, std_count=std_count, count_pmf=_pmf(counts),
