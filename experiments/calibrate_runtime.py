@@ -278,19 +278,23 @@ def measure_design(config, measured, log=print):
     machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
                                             fixed={"step_overhead_s": host_fit.FIXED["step_overhead_s"]})
     pool = design.candidates()
-    plan = []
+    plan, split = [], []
     for e in pool:
         tc, tu, _, _ = compare.spec_times(net, machine, host, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
                                           sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
                                           updater_device=e.updater_device)
-        plan.append(runtime_runs.plan_duration(tc, tu, e.hosts * e.learners_per_host, min_gradients=k.run_min_gradients,
+        n = e.hosts * e.learners_per_host
+        plan.append(runtime_runs.plan_duration(tc, tu, n, min_gradients=k.run_min_gradients,
                                                min_updates=k.run_min_updates, warmup_s=k.warmup_s,
                                                max_duration_s=k.run_max_duration_s))
+        applying = -math.expm1(-n * tu / tc)  # the share of cycles that gather a gradient (Poisson)
+        cycles = (plan[-1] - k.warmup_s) / tu
+        split.append(min(applying, 1.0 - applying) * cycles >= host_fit.MIN_SPLIT_CYCLES)  # both kinds measured
     fields = list(host_fit.RUNTIME_FIELDS)
-    jac = design.sensitivities(machine, host, net, pool, fields)
+    jac = design.sensitivities(machine, host, net, pool, fields, split)
     cost = [k.run_startup_s + d for d in plan]
-    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool))
-    rse = design.predicted_rel_std_error(jac, chosen)
+    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4)
+    rse = design.predicted_rel_std_error(jac, chosen, blocks=4)
     chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
                          predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
     log(f"design: {len(chosen)} runs, about {sum(cost[i] for i in chosen):.0f} s; predicted relative standard errors "

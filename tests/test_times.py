@@ -88,7 +88,8 @@ def test_runtime_times_by_their_formulas():
     h = hf.with_figures(_host(), learner_overhead_s=g, learner_step_cores=p, updater_per_learner_s=c,
                         updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
                         updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_lock_wait_s=0.0,
-                        updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa)
+                        updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa,
+                        updater_sync_per_learner_s=0.0)
     p4 = 4.0 * float(net.total_params)
     host = lambda n_h: (n_h + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s)  # noqa
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))

@@ -31,11 +31,11 @@ def get_config() -> ml_collections.ConfigDict:
     # placements; one run of every (hosts, placement, network or not) first), each its own processes;
     # grid: the one-host runs of learners x network_times at run_sub_batch below, in this process.
     k.runs = "design"
-    k.budget_s = 400.0              # design: seconds of runs (each run's start-up and length) it may spend
+    k.budget_s = 330.0              # design: seconds of runs (each run's start-up and length) it may spend
     k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
     k.run_min_updates = 150         # design: updates after the warm-up each run is planned for
     k.run_max_duration_s = 20.0     # design: longest run (s)
-    k.run_startup_s = 21.0          # design: a run's start-up (imports, data, compilation), the cost it plans with
+    k.run_startup_s = 15.0          # design: a run's start-up (imports, data; the runs share a compilation cache)
     k.run_timeout_s = 300.0         # design: stop a run's processes after this long (s)
     k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values
     k.learners = (1, 2, 4, 8)       # learner counts of the runtime runs

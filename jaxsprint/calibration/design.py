@@ -1,9 +1,10 @@
 r"""The calibration's runs, chosen from the figures' sensitivities: a greedy D-optimal design under a time budget.
 
-A runtime run measures two numbers, the mean learner cycle ``T_c`` and the mean updater cycle ``T_u``; the
-host figures enter them through :func:`jaxsprint.calibration.host.runtime_times`. Fitted in log parameters
+A runtime run measures the mean learner cycle ``T_c`` and the mean updater cycle ``T_u`` and, where it has
+both kinds, the mean empty and the mean applying updater cycle; the host figures enter them through
+:func:`jaxsprint.calibration.host.runtime_times`. Fitted in log parameters
 to log times with noise ``sigma`` per run, the figures' covariance is ``sigma^2 (J^T J)^{-1}``, ``J`` the
-sensitivities ``d log T / d log theta`` of the chosen runs (two rows each). :func:`select` picks, from a pool
+sensitivities ``d log T / d log theta`` of the chosen runs (two or four rows each). :func:`select` picks, from a pool
 of candidate configurations (:func:`candidates`: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms,
 both updater placements), the runs that most increase ``log det (J^T J + lambda I)`` per second of
 measuring (each run's start-up plus its planned length), until the budget is spent: the classic greedy
@@ -48,27 +49,30 @@ def _runs(entries: Sequence[Entry]) -> list[host_fit.RuntimeRun]:
 
 
 def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, entries: Sequence[Entry],
-                  fields: Sequence[str]) -> np.ndarray:
+                  fields: Sequence[str], split: Sequence[bool] | None = None) -> np.ndarray:
     """``d log T / d log theta`` of every entry (:func:`jaxsprint.calibration.host_fit.sensitivities`): rows
-    ``T_c`` of each entry, then ``T_u`` of each; a column per field (a figure at 0 taken at
+    ``T_c`` of each entry, then ``T_u`` of each (with ``split``, a flag per entry, then its empty and its
+    applying updater cycles: four blocks); a column per field (a figure at 0 taken at
     ``host_fit.RUNTIME_START``, module docstring)."""
     at = {}
     for f in fields:
         v = host_fit.figure(machine, host, f)
         at[f] = v if v > 0 else host_fit.RUNTIME_START.get(f, 1e-3)
     machine, host = host_fit.with_figures(machine, host, **at)
-    return host_fit.sensitivities(machine, host, network, _runs(entries), fields)
+    return host_fit.sensitivities(machine, host, network, _runs(entries), fields, split)
 
 
-def _pair(jac: np.ndarray, i: int, n: int) -> np.ndarray:
-    return jac[[i, n + i]]
+def _rows(jac: np.ndarray, i: int, n: int, blocks: int) -> np.ndarray:
+    return jac[[b * n + i for b in range(blocks)]]
 
 
-def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float = 0.05) -> np.ndarray:
+def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float = 0.05, *,
+                            blocks: int = 2) -> np.ndarray:
     """Each figure's relative standard error if the ``chosen`` entries' log times are measured with noise
-    ``sigma``: ``expm1`` of ``sigma sqrt(diag (J^T J)^+)`` (inf where the runs do not see a figure)."""
-    n = jac.shape[0] // 2
-    rows = np.concatenate([_pair(jac, i, n) for i in chosen]) if len(chosen) else np.zeros((0, jac.shape[1]))
+    ``sigma``: ``expm1`` of ``sigma sqrt(diag (J^T J)^+)`` (inf where the runs do not see a figure).
+    ``blocks``: rows per entry in ``jac`` (2, or 4 with the split cycles)."""
+    n = jac.shape[0] // blocks
+    rows = np.concatenate([_rows(jac, i, n, blocks) for i in chosen]) if len(chosen) else np.zeros((0, jac.shape[1]))
     info = rows.T @ rows
     cov = np.linalg.pinv(info)
     seen = np.linalg.norm(rows, axis=0) > 1e-6 if len(rows) else np.zeros(jac.shape[1], bool)
@@ -87,19 +91,20 @@ def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
 
 
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
-           required: Sequence[int] = (), groups: Sequence | None = None,
+           required: Sequence[int] = (), groups: Sequence | None = None, blocks: int = 2,
            log: Callable[[str], None] | None = None) -> list[int]:
     """The entries (indices into the rows of ``jac``, :func:`sensitivities`) a greedy D-optimal design picks.
 
     Starting from ``required``, each step adds the affordable entry with the largest gain of
     ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
     or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
-    first steps take only entries of a group no chosen entry has, until every group has one.
+    first steps take only entries of a group no chosen entry has, until every group has one. ``blocks``: rows
+    per entry in ``jac`` (2, or 4 with the split cycles).
 
     Raises:
       ConfigError: costs that are not positive and finite, one per entry, or a budget below the required runs.
     """
-    n = jac.shape[0] // 2
+    n = jac.shape[0] // blocks
     cost = np.asarray(cost_s, np.float64)
     check(cost.shape == (n,) and bool(np.all(np.isfinite(cost) & (cost > 0))), "cost_s", tuple(cost_s),
           f"{n} finite costs > 0 (one per entry)")
@@ -109,7 +114,7 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
           f"at least the required runs' {spent:.0f} s")
     info = ridge * np.eye(jac.shape[1])
     for i in chosen:
-        rows = _pair(jac, i, n)
+        rows = _rows(jac, i, n, blocks)
         info = info + rows.T @ rows
     while True:
         _, base = np.linalg.slogdet(info)
@@ -118,14 +123,14 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         for i in range(n):
             if i in chosen or spent + cost[i] > budget_s or (missing and groups[i] not in missing):
                 continue
-            rows = _pair(jac, i, n)
+            rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
             gain = (val - base) / cost[i]
             if gain > best_gain:
                 best, best_gain = i, gain
         if best is None or (best_gain < 1e-6 and not missing):
             return chosen
-        rows = _pair(jac, best, n)
+        rows = _rows(jac, best, n, blocks)
         info = info + rows.T @ rows
         chosen.append(best)
         spent += float(cost[best])

@@ -7,19 +7,24 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 
 .. math::
     T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
-    t_{lone} = T_c(b) + g + w_L \beta, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
-    t_{cores} = \frac{N\,p(b)\,T_c(b)}{C - H \beta c_u}, \quad p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
-    T_u = t_{own} + t_{net} + \mathrm{allreduce}(4P, nodes), \quad \beta = t_{own} / T_u, \quad
+    t_{lone} = T_c(b)\,(1 + \kappa H \beta) + g + w_L \beta, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
+    t_{cores} = \frac{N\,(p(b)\,T_c(b) + g)}{C - H \beta c_u}, \quad p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
+    T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
     \rho = \min(0.95, N_h g / T_c), \quad a = 1 - e^{-N_{all} T_u / T_c}, \\
-    t_{own} = \big(t_{overhead} + c\,N_h + q\,u\,T_c(b) + a\,(t_{apply} + (N_h + passes)\,4P/\beta_{host})\big)
-              \big(1 + s_H [nodes > 1]\big) + n_L\,g\,\tfrac{\rho}{1 - \rho} + w\,T_c\,(a + [nodes > 1])\,[shared]
+    T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
+                + t_{prog} [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
+    T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1]), \quad
+    t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
 (host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
-``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``q`` = ``updater_queue`` once the learners
-fill the cores (``u = clip(N - C + 1, 0, 1)``), ``t_apply`` = ``updater_apply_s`` and the host passes paid by
-the share ``a`` of cycles that gather a gradient (Poisson arrivals; :func:`runtime_times` iterates the coupled
-pair), ``s_H`` = ``updater_hosts_stretch``, ``t_net`` the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``kappa`` = ``learner_updater_stretch`` (a
+lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` once the learners fill the cores
+(``u = clip(N - C + 1, 0, 1)``), paid like ``w`` by each updater program (an applied update, an all-reduce);
+``t_apply`` = ``updater_apply_s`` and the host passes paid by the cycles that apply, the share ``a`` of them
+(Poisson arrivals; :func:`runtime_times` iterates the coupled pair); ``T_empty`` and ``T_apply`` are the two
+kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``t_net`` the emulated
+network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
@@ -73,6 +78,8 @@ class HostFigures:
       updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
       updater_shared_wait: ``w``, the share of a learner cycle one updater program waits on a shared device.
       updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
+      updater_sync_per_learner_s: ``z``, the wait of each all-reduce between hosts that are processes of one
+        machine, per learner thread on its cores (the other updater must get a core among them).
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
@@ -93,6 +100,7 @@ class HostFigures:
     updater_apply_s: jax.Array
     updater_shared_wait: jax.Array
     updater_lock_waits: jax.Array
+    updater_sync_per_learner_s: jax.Array
     learner_lock_wait_s: jax.Array
     learner_updater_stretch: jax.Array
     learner_cv: jax.Array
@@ -115,6 +123,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
     updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
+    updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
@@ -278,6 +287,8 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
     t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
+    if co_located:  # the peer updaters must each get a core among the machine's learner threads
+        t_net = t_net + jnp.where(h > 1, host.updater_sync_per_learner_s * n, 0.0)
     return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch,
             t_net + jnp.asarray(network_time_s, jnp.float32))
 

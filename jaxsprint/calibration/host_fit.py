@@ -6,9 +6,9 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
 :func:`jaxsprint.calibration.host.runtime_times`:
 
 1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the lone steps): ``efficiency_fwd`` (the
-   backward passes tied to it) and ``half_efficiency_batch``, on each step's MEAN time (a learner's mean cycle
-   is made of all its steps, slow ones included); the cores a lone step keeps busy start
-   ``learner_step_cores``.
+   backward passes tied to it) and ``half_efficiency_batch``, on each step's mean time (a learner's mean cycle
+   is made of all its steps, slow ones included), 10%-trimmed (a burst of other work on the machine during
+   the timing, steps 3x the median, stays out); the cores a lone step keeps busy start ``learner_step_cores``.
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and ``network_bandwidth_bytes_per_s``.
 3. **Sharing and the updater** (:func:`fit_runtime`): the host figures of :data:`RUNTIME_FIELDS`, by least
    squares on the log-errors of both cycle means (``T_c``, ``T_u``) of every run, in log parameters inside
@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 
 from jaxsprint.errors import check
 from jaxsprint.calibration import host as hostfig
@@ -49,8 +50,8 @@ COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_b
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
-                  "updater_lock_waits", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
-                  "learner_step_cores_half_batch")
+                  "updater_lock_waits", "updater_sync_per_learner_s", "learner_lock_wait_s", "learner_updater_stretch",
+                  "learner_step_cores", "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
@@ -63,14 +64,16 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
                   "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
                   "updater_shared_wait": (1e-3, 2.0), "updater_lock_waits": (1e-3, 20.0),
-                  "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0)}
+                  "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0),
+                  "updater_sync_per_learner_s": (1e-6, 0.05), "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
                  "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
-                 "learner_updater_stretch": 0.3}
-HOSTS_ONLY_FIELDS = ("updater_hosts_stretch",)  # constrained only by runs with several hosts
+                 "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3,
+                 "host_memory_bandwidth_bytes_per_s": 2e9}
+HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s")  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined by
 # the runs: fit_all(fix_undetermined=True) holds it at its neutral value (host.NEUTRAL, 0: the term off) and
@@ -194,10 +197,10 @@ class RuntimeFit:
 
 
 def gradient_step_seconds(record: dict[str, Any]) -> float:
-    """The lone step time a stored gradient-step record stands for: the mean of its ``samples`` (module
-    docstring, stage 1), or its ``measured_s`` when it has no samples."""
+    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
+    (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
     samples = record.get("samples") or []
-    return float(np.mean(samples)) if len(samples) else float(record["measured_s"])
+    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -261,16 +264,19 @@ def _split(runs: Sequence[RuntimeRun]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun],
-                  fields: Sequence[str]) -> np.ndarray:
+                  fields: Sequence[str], split: Sequence[bool] | None = None) -> np.ndarray:
     """``d log T / d log theta`` of every run at ``(machine, host)``: the rows ``T_c`` of each run, then ``T_u``
-    of each, a column per figure (every figure > 0), the Jacobian :func:`fit_runtime` fits with."""
+    of each, a column per figure (every figure > 0), the Jacobian :func:`fit_runtime` fits with. With ``split``
+    (a flag per run: it measures both kinds of updater cycle) also the rows of the empty cycles, then of the
+    applying ones (zero where the flag is off)."""
     fields = tuple(fields)
     theta = jnp.log(jnp.asarray([_figure(machine, host, f) for f in fields], jnp.float32))
     n = len(runs)
     zeros = jnp.zeros(n, jnp.float32)
+    mask = np.ones(2 * n, np.float32) if split is None else np.tile(np.asarray(split, np.float32), 2)
     jac = _jacobian(theta, machine, host, network, jnp.asarray(_columns(runs)), zeros, zeros,
-                    jnp.zeros(2 * n, jnp.float32), jnp.zeros(2 * n, jnp.float32), fields, True)
-    return np.asarray(jac, np.float64)[:2 * n]
+                    jnp.zeros(2 * n, jnp.float32), jnp.asarray(mask), fields, True)
+    return np.asarray(jac, np.float64)[:2 * n if split is None else 4 * n]
 
 
 def with_figures(machine: Machine, host: HostFigures, **values: Any) -> tuple[Machine, HostFigures]:
@@ -532,7 +538,9 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
         if not loose:
             break
         worst = max(loose, key=lambda f: (f in low, res.rel_std_error[f]))
-        value = hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0  # updater_overhead_s: 0
+        # Neutral: the host's (0, the term off), 0 for updater_overhead_s, the preset's for another machine figure.
+        value = (hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0 if worst == "updater_overhead_s"
+                 else _figure(m, host, worst))
         why = ("on its lower bound" if worst in low else
                f"relative standard error {res.rel_std_error[worst]:.3g} > {UNDETERMINED_RSE:g}")
         fixed[worst] = (value, f"held at {value:g} (neutral), not fitted: the calibration runs do not determine it "
