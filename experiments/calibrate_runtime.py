@@ -79,6 +79,8 @@ def _read_json(field, path, what):
 # What a runtime run's record keeps of its measured statistics (the fit reads the cycle means and cvs).
 _RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
            "updates", "mean_staleness")
+# A lone step whose trimmed mean exceeds its best round's median this much was timed on a busy machine.
+_BUSY = 1.15
 # Kept where measured (the logs of before these statistics lack them): the updater's empty and applying cycles.
 _SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
 # The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
@@ -204,6 +206,13 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
+    from jaxsprint.calibration import host_fit
+
+    busy = [g["sub_batch"] for g in gradient_steps if host_fit.gradient_step_seconds(g) > _BUSY * g["measured_s"]]
+    if busy:  # the fit takes the (trimmed) means: a burst of other work during the timing moves them
+        log(f"WARNING: the lone steps at sub-batch {busy} took on average more than {_BUSY:g} x their best round's "
+            "median: other work on this machine disturbed the timing; a calibration is only as good as its "
+            "quietest minutes, so measure again when the machine is quiet")
     allreduces = []
     if k.allreduce:
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))

@@ -70,6 +70,21 @@ def test_statistics_of_a_hand_made_log():
     assert (s["learners"], s["sub_batch"], s["dataset_size"]) == (2, 4, 100)
 
 
+def test_statistics_split_the_updater_cycles_by_kind():
+    """The gap from a swap to the next is an empty cycle where its update gathered nothing, else an applying one."""
+    s = events.statistics(hand_log())  # after the warm-up: v3, v4 apply (gaps 2 and 3 s), no empty cycle
+    assert s["t_update_applying_s"] == pytest.approx(2.5) and s["applying_cycles"] == 2
+    assert math.isnan(s["t_update_empty_s"]) and s["empty_cycles"] == 0
+    ev = hand_log()
+    ev["warmup_until_s"] = np.float64(0.0)  # v1, v2 empty (gaps 0.5 and 1.5 s) as well
+    s = events.statistics(ev)
+    assert (s["t_update_empty_s"], s["empty_cycles"]) == (pytest.approx(1.0), 2)
+    assert (s["t_update_applying_s"], s["applying_cycles"]) == (pytest.approx(2.5), 2)
+    n = s["empty_cycles"] + s["applying_cycles"]
+    assert (s["empty_cycles"] * s["t_update_empty_s"] + s["applying_cycles"] * s["t_update_applying_s"]) / n == \
+        pytest.approx(s["t_update_s"])
+
+
 def test_no_warm_up_counts_everything():
     ev = hand_log()
     ev["warmup_until_s"] = np.float64(0.0)
