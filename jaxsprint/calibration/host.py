@@ -247,7 +247,9 @@ def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_d
     g = host.learner_overhead_s
     lone = step * (1.0 + host.learner_updater_stretch * load) + g + host.learner_lock_wait_s * updater_busy
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
-    units = n * (step_cores(host, sub_batch) * step + g) / jnp.maximum(1e-3, c - updater_demand)
+    over = jnp.clip(1.0 - c / jnp.maximum(n, 1.0), 0.0, 1.0)  # oversubscription: 0 with N <= C learners
+    p_eff = 1.0 + (step_cores(host, sub_batch) - 1.0) * over
+    units = n * (p_eff * step + g) / jnp.maximum(1e-3, c - updater_demand)
     k = RUNTIME_SHARPNESS
     top = jnp.maximum(jnp.maximum(lone, lock), units)  # scaled, so that the powers stay in float32 range
     return top * ((lone / top) ** k + (lock / top) ** k + (units / top) ** k) ** (1.0 / k)
