@@ -8,7 +8,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 .. math::
     T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
     t_{lone} = T_c(b)\,(1 + \kappa H \beta) + g + w_L \beta, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
-    t_{cores} = \frac{N\,(p(b)\,T_c(b) + g)}{C - H \beta c_u}, \quad p(b) = 1 + (p - 1)\frac{b}{b + b_p}, \\
+    t_{cores} = \frac{N\,(p_N(b)\,T_c(b) + g)}{C - H \beta c_u}, \quad
+    p_N(b) = 1 + (p - 1)\frac{b}{b + b_p}\big(1 - \tfrac{C}{N}\big)^+, \\
     T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
     \rho = \min(0.95, N_h g / T_c), \quad a = 1 - e^{-N_{all} T_u / T_c}, \\
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
@@ -69,7 +70,8 @@ class HostFigures:
     Attributes:
       cores_per_node: ``C``, the compute units every learner of the host (and its updaters) share.
       learner_overhead_s: ``g``, a learner's host work per cycle besides its device step, under the lock.
-      learner_step_cores: ``p``, the units one step takes on busy cores at large sub-batches.
+      learner_step_cores: ``p``, the units one step takes on busy cores at large sub-batches, reached as the
+        learners oversubscribe the cores (``N >> C``; none extra at ``N <= C``).
       learner_step_cores_half_batch: ``b_p`` (samples): half of ``p - 1`` is reached there; 0: ``p`` always.
       updater_per_learner_s: ``c``, the updater's own cost per cycle for each learner of its host.
       updater_queue: ``q``, the fraction of one device step the updater's work waits once the cores are full.
