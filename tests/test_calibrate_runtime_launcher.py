@@ -69,6 +69,7 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
     results = {"runs": [run(f"r{i}", h, n, 32, nt, 0.01 * max(1, h * n / 2) ** 1.1, nt + 1e-3 * n * (2 if h > 1 else 1))
                         for i, (h, n, nt) in enumerate([(1, 1, 0.0), (1, 2, 0.02), (1, 4, 0.0), (1, 8, 0.02),
                                                         (2, 1, 0.0), (2, 2, 0.02), (2, 4, 0.0)])]}
+    results["runs"][1]["updater_device"] = "shared"  # kept; a run without the field had its updater on its own
     (tmp_path / "results.json").write_text(json.dumps(results))
     meas = dict(gradient_steps=[dict(sub_batch=b, measured_s=1e-3 + 1e-4 * b) for b in (8, 16, 32, 64)],
                 step_cores=[dict(sub_batch=8, cores=1.1)], runs=[],
@@ -83,6 +84,7 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
     stored = data["measurements"]["runs"]
     assert [s["label"] for s in stored] == [f"r{i}" for i in range(7)] and [s["hosts"] for s in stored][-3:] == [2] * 3
     assert stored[1]["network_time_s"] == 0.02 and data["fit"]["compute"]["n"] == 7
+    assert [s["updater_device"] for s in stored[:3]] == ["own", "shared", "own"]
     assert "updater_hosts_stretch" in data["fit"]["fitted"]  # two-host runs constrain it
     before = out.read_text()
     for i, bad in enumerate(({"runs": []}, {"runs": [{k: v for k, v in results["runs"][0].items() if k != "hosts"}]})):
@@ -112,6 +114,8 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     assert [x["label"] for x in meas["runs"]] == [c for c in design["chosen"] if c not in failed], r.stdout[-2000:]
     assert {x["updater_device"] for x in meas["runs"]} <= {"shared", "own"} and len(meas["allreduces"]) == 4
     assert {x["hosts"] for x in meas["runs"]} <= {1, 2} and all(x["t_compute_s"] > 0 for x in meas["runs"])
+    # Each run keeps its empty and applying updater cycles (None where it had none of a kind), which the fit uses.
+    assert all(x["empty_cycles"] + x["applying_cycles"] >= 1 and "t_update_empty_s" in x for x in meas["runs"])
     data = json.loads(out.read_text())
     assert data["measurements"] == str(cal) and data["fit"]["compute"]["n"] == len(meas["runs"])
     assert set(data["host"]["figures"]) == set(data["host"]["sources"])

@@ -13,7 +13,7 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
     \rho = \min(0.95, N_h g / T_c), \quad a = 1 - e^{-N_{all} T_u / T_c}, \\
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
-                + t_{prog} [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
+                + (t_{prog} + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1]), \quad
     t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
 
@@ -24,15 +24,15 @@ lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` on
 (``u = clip(N - C + 1, 0, 1)``), paid like ``w`` by each updater program (an applied update, an all-reduce);
 ``t_apply`` = ``updater_apply_s`` and the host passes paid by the cycles that apply, the share ``a`` of them
 (Poisson arrivals; :func:`runtime_times` iterates the coupled pair); ``T_empty`` and ``T_apply`` are the two
-kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``t_net`` the emulated
-network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``z`` =
+``updater_sync_per_learner_s`` (co-located hosts), ``beta_host`` the updater's streaming bandwidth, ``t_net``
+the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
-each updater program (the all-reduce with several hosts, an optimizer step) waits ``w T_c`` behind its step.
-With the neutral figures (:func:`neutral`) the learner's cycle is the smooth maximum of ``T_c(b)`` and
-``N T_c(b) / C`` and the updater's the SPRINT model's. The form and its figures: docs/sprint-runtime.md,
-docs/calibration.md; they are the ``host`` section of a machine's preset file (:func:`load_host`).
+each updater program waits ``w T_c`` behind its step. With the neutral figures (:func:`neutral`) the form is
+the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
+machine's preset file (:func:`load_host`).
 """
 from __future__ import annotations
 
