@@ -83,6 +83,11 @@ _RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_upd
 _BUSY = 1.15
 # Kept where measured (the logs of before these statistics lack them): the updater's empty and applying cycles.
 _SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
+
+
+def _measured(m):
+    """What a run's record keeps of its measured statistics ``m`` (a run's JSON ``measured``)."""
+    return {**{k: m[k] for k in _RECORD}, **{k: m[k] for k in _SPLIT if k in m}}
 # The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
 _RUN_FIELDS = {"config.sprint.learners_per_host": "learners", "config.sprint.sub_batch": "run_sub_batch",
                "config.sprint.network_time_s": "network_times", "config.sprint.duration_s": "duration_s",
@@ -167,18 +172,17 @@ def runs_from(path):
     runs = data.get("runs")
     check(isinstance(runs, list) and len(runs) > 0, "config.calibration.runs_from", path,
           "a results.json of experiments/validate_runtime.py with at least one run")
-    measured = _RECORD
     out = []
     for r in runs:
         m = r.get("measured") if isinstance(r, dict) else None
-        check(isinstance(m, dict) and all(k in m for k in measured)
+        check(isinstance(m, dict) and all(k in m for k in _RECORD)
               and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")),
               "config.calibration.runs_from", path, "runs with a name, learners_per_host, hosts, sub_batch and "
               "measured cycle statistics (validate_runtime.py's results.json)")
         try:
             out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
                             sub_batch=int(r["sub_batch"]), updater_device=str(r.get("updater_device") or "own"),
-                            **{k: m[k] for k in measured}, **{k: m[k] for k in _SPLIT if k in m}))
+                            **_measured(m)))
         except (TypeError, ValueError):
             raise ConfigError("config.calibration.runs_from", path, "runs whose learners_per_host, hosts and "
                               "sub_batch are integers (validate_runtime.py's results.json)") from None
@@ -325,8 +329,7 @@ def measure_design(config, measured, log=print):
                 continue
             m = res["measured"]
             rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
-                       updater_device=e.updater_device, **{f: m[f] for f in _RECORD},
-                       **{f: m[f] for f in _SPLIT if f in m})
+                       updater_device=e.updater_device, **_measured(m))
             records.append(rec)
             log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
                 f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
