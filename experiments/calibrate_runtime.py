@@ -7,7 +7,8 @@ r"""Measures and fits the runtime figures of this machine: one calibration per m
 The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
 (network, data, optimizer) with ``config.calibration``, what is measured and fitted. The calibration set:
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``sub_batches``, every
-     sample kept (the fit takes their mean), and the cores that step keeps busy;
+     sample kept (the fit takes their mean), the cores that step keeps busy, and its input draw (host work
+     per sample);
   2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
   3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
@@ -207,9 +208,13 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                       for b, (t, s) in zip(sub_batches, steps)]
     cores = timing.measure_gradient_cores(config, sub_batches, min_time_s=k.step_time_s)
     step_cores = [dict(sub_batch=b, cores=c) for b, c in zip(sub_batches, cores)]
+    draws = timing.measure_input_draws(config, sub_batches, rounds=k.rounds)
+    input_draws = [dict(sub_batch=b, samples=s) for b, s in zip(sub_batches, draws)]
     log("lone step: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['mean_s']:.2f} ms (median of the best round "
                                   f"{1e3 * g['measured_s']:.2f}), {c['cores']:.2f} cores"
                                   for g, c in zip(gradient_steps, step_cores)))
+    log("input draw: " + ", ".join(f"b{d['sub_batch']} {1e3 * sum(d['samples']) / len(d['samples']):.3f} ms"
+                                   for d in input_draws))
     from jaxsprint.calibration import host_fit
 
     busy = [g["sub_batch"] for g in gradient_steps if host_fit.gradient_step_seconds(g) > _BUSY * g["measured_s"]]
@@ -222,7 +227,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
         for a in timing.measure_allreduce(2, [max(4, p4 // 16), max(4, p4 // 4), p4, 4 * p4], reps=20, rounds=3):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
-    out = dict(gradient_steps=gradient_steps, step_cores=step_cores, allreduces=allreduces)
+    out = dict(gradient_steps=gradient_steps, step_cores=step_cores, input_draws=input_draws, allreduces=allreduces)
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     elif k.runs == "design":
@@ -269,8 +274,10 @@ def _start(config, measurements):
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
+    draws = [(int(d["sub_batch"]), [float(x) for x in d["samples"]]) for d in measurements.get("input_draws", [])]
     start = machines.get("cpu_runtime")
-    return net, steps, ars, (float(np.median(cores)) if cores else None), start, host.load_host(start, "cpu_runtime")
+    return (net, steps, ars, (float(np.median(cores)) if cores else None), draws, start,
+            host.load_host(start, "cpu_runtime"))
 
 
 def measure_design(config, measured, log=print):
@@ -287,9 +294,9 @@ def measure_design(config, measured, log=print):
     from ml_collections import config_flags
 
     k = config.calibration
-    net, steps, ars, cores, machine, host = _start(config, measured)
+    net, steps, ars, cores, draws, machine, host = _start(config, measured)
     machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
-                                            fixed={"step_overhead_s": host_fit.FIXED["step_overhead_s"]})
+                                            input_draws=draws, fixed={"step_overhead_s": host_fit.FIXED["step_overhead_s"]})
     pool = design.candidates()
     plan, split = [], []
     for e in pool:
@@ -343,12 +350,12 @@ def fit(config, measurements):
     """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
     from jaxsprint.calibration import host_fit
 
-    net, steps, ars, cores, start, host = _start(config, measurements)
+    net, steps, ars, cores, draws, start, host = _start(config, measurements)
     runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
     k = config.calibration
     fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else ("step_overhead_s",))}
-    return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores, fixed=fixed,
-                            fix_undetermined=bool(k.fix_undetermined))
+    return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores,
+                            input_draws=draws, fixed=fixed, fix_undetermined=bool(k.fix_undetermined))
 
 
 def save_preset(path, result, command, measurements_path):

@@ -7,6 +7,8 @@ r"""The SPRINT model judged against the real runtime over a grid of configuratio
   python experiments/validate_runtime.py --out=runs/validate_runtime --reanalyse  # saved runs, current model
   python experiments/validate_runtime.py --config.validation.grid=random --config.validation.machine_file=P.json \
       --out=runs/held_out          # 12 configurations drawn at random (held out from P's calibration), ~17 min
+  python experiments/validate_runtime.py ...the same... --config.validation.repeat_of=runs/held_out \
+      --out=runs/held_out_again    # the same draw again, each run also against its earlier measurement
 
 The config (``experiments/configs/validate_runtime.py``, the default of ``--config``) is the SPRINT config of
 every run with ``config.validation`` (``validation.<field>`` below): the grid and the predictions. Each
@@ -25,7 +27,8 @@ are refitted to the OTHER runs of the grid (:func:`jaxsprint.calibration.host_fi
 (the default of ``grid=random``: ``jaxsprint.calibration.grids.draw``) uses the preset as it is.
 ``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out and recomputes
 both predictions with the current model and preset (the specs one from the config with the overrides saved in
-``results.json``). The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run
+``results.json``). ``repeat_of`` (an earlier --out of the same grid) adds the source ``repeat``: each run's
+statistics against the earlier measurement of its configuration, how far this machine repeats itself. The ``--config.<field>`` overrides outside ``config.validation`` are passed to every run
 (not those of the fields a grid entry sets: ``learners_per_host``, ``sub_batch``, ``network_time_s``, the
 stops and the warm-up), and every run's config is checked before the first starts.
 """
@@ -68,6 +71,9 @@ QUICK_DURATION_S, QUICK_WARMUP_S = 3.0, 0.5
 _OWN_UPDATER = "--config.sprint.updater_device=own"
 _SET_BY_GRID = runtime_runs.SET_BY_ENTRY
 _STARTUP_S = 40.0  # imports, data, compilation and the specs cost table of one run (2 cores, rough)
+# Where each row's errors come from: the model from the run's timings, from specs, and the same configuration
+# measured by an earlier draw (config.validation.repeat_of: the machine's own repeatability, the floor).
+_SOURCES = ("timings", "specs", "repeat")
 _METRICS = (("epoch time", "epoch_time_rel_error"), ("mean mini-batch", "mean_minibatch_rel_error"),
             ("mean staleness", "mean_staleness_rel_error"), ("TV mini-batch", "minibatch_tv"),
             ("TV staleness", "staleness_tv"), ("TV mini-batch floor", "minibatch_tv_floor"),
@@ -105,13 +111,46 @@ def run_config(entry: grids.Entry, workdir: str, *, duration_s: float, warmup_s:
                                   compile_cache_dir=compile_cache_dir)
 
 
+def _sources(rows: list[dict]) -> tuple[str, ...]:
+    """The sources of :data:`_SOURCES` some row has errors from."""
+    return tuple(s for s in _SOURCES if any(r.get(f"errors_from_{s}") for r in rows))
+
+
+def add_repeat(rows: list[dict], earlier: dict[str, dict]) -> None:
+    """Each row whose configuration ``earlier`` (name -> measured statistics) holds gets ``errors_from_repeat``:
+    the earlier measurement as if it were the prediction (:func:`jaxsprint.calibration.compare.compare`)."""
+    from jaxsprint.calibration import compare
+
+    for r in rows:
+        if r["name"] in earlier:
+            r["errors_from_repeat"] = compare.compare(r["measured"], earlier[r["name"]])
+
+
+def read_repeat(path: str, names: list[str] | None) -> dict[str, dict]:
+    """The measured statistics by run name of an earlier --out of this grid (``config.validation.repeat_of``).
+
+    Raises:
+      ConfigError: no readable results.json there, or none of ``names`` (None: any) in it.
+    """
+    field, what = "config.validation.repeat_of", "an earlier --out of the same draw (its results.json with runs)"
+    try:
+        with open(os.path.join(path, "results.json")) as fh:
+            runs = json.load(fh)["runs"]
+        earlier = {str(r["name"]): r["measured"] for r in runs}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(field, path, what) from None
+    if names is not None:
+        check(any(n in earlier for n in names), field, path, f"{what}: one with runs of these names ({', '.join(names)})")
+    return earlier
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Median and 90th percentile of each absolute error over the runs, from timings and from specs
-    (``n``: the runs counted)."""
+    """Median and 90th percentile of each absolute error over the runs, from timings, from specs and against the
+    repeat where there is one (``n``: the runs counted)."""
     from jaxsprint.calibration import compare
 
     out = {}
-    for source in ("timings", "specs"):
+    for source in _sources(rows):
         for key, stats in compare.summarize_errors([r.get(f"errors_from_{source}") for r in rows]).items():
             out[f"{source}.{key}"] = stats
     return out
@@ -134,7 +173,7 @@ def _csv_rows(rows: list[dict]) -> list[dict]:
                    t_compute_cv=m["t_compute_cv"], t_update_ms=1e3 * m["t_update_s"], t_update_cv=m["t_update_cv"],
                    ratio_tu_tc=m["t_update_s"] / m["t_compute_s"], gradients=m["gradients"], updates=m["updates"],
                    in_flight=m["in_flight"], images_per_s=m["images_per_s"], eval_accuracy=r.get("eval_accuracy"))
-        for source in ("timings", "specs"):
+        for source in _sources(rows):
             errs = r.get(f"errors_from_{source}") or {}
             for _, key in _METRICS:
                 row[f"{source}_{key}"] = errs.get(key)
@@ -165,7 +204,7 @@ def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) 
             "staleness | TV mini-batch (floor; two-moment) | TV staleness (floor) |")
     lines = [head, "|" + "---|" * 12]
     for r, c in zip(rows, _csv_rows(rows)):
-        for source in ("timings", "specs"):
+        for source in _sources(rows):
             e = r.get(f"errors_from_{source}") or {}
             lines.append(
                 f"| {r['name']} | {c['t_compute_ms']:.2f} ({c['t_compute_cv']:.2f}) | {c['t_update_ms']:.2f} "
@@ -177,14 +216,14 @@ def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) 
                 f"({_tv(e.get('staleness_tv_floor'))}) |")
     lines += ["", "| source | statistic | " + " | ".join(label for label, _ in _METRICS) + " |", "|---|---|"
               + "---|" * len(_METRICS)]
-    for source in ("timings", "specs"):
+    for source in _sources(rows):
         for stat in ("median", "p90"):
             lines.append(f"| {source} | {stat} of the absolute values | {_stat_cells(summary, source, stat)} |")
     if by_placement:
         lines += ["", "| updater placement (runs) | source | statistic | " + " | ".join(label for label, _ in _METRICS)
                   + " |", "|---|---|---|" + "---|" * len(_METRICS)]
         for where, part in by_placement.items():
-            for source in ("timings", "specs"):
+            for source in _sources(rows):
                 n = part[f"{source}.epoch_time_rel_error"]["n"]
                 for stat in ("median", "p90"):
                     lines.append(f"| {where} ({n}) | {source} | {stat} of the absolute values | "
@@ -454,6 +493,7 @@ def main(argv):
     for n in only:
         check(n in names, "config.validation.only", n, f"names of the {label} grid: {', '.join(names)}")
     grid = [g for g in grid if not only or g.name in only]
+    earlier = read_repeat(v.repeat_of, None if _REANALYSE.value else [g.name for g in grid]) if v.repeat_of else {}
     check_runs(_CONFIG.value, grid, quick=_QUICK.value, warmup_s=QUICK_WARMUP_S if _QUICK.value else v.warmup_s,
                duration_s=QUICK_DURATION_S if _QUICK.value else v.max_duration_s)
     from jaxsprint.calibration import host
@@ -468,6 +508,7 @@ def main(argv):
               "a folder with saved runs (runs/<name>/events.npz) for --reanalyse")
         rows, failures = reanalyse(_OUT.value, _CONFIG.value, machine, _config_overrides() or None, v.specs)
         check(bool(rows), "--out", _OUT.value, "saved runs that can be re-analysed")
+        add_repeat(rows, earlier)
         used = _config_overrides()
         if not used and os.path.exists(os.path.join(_OUT.value, "results.json")):
             with open(os.path.join(_OUT.value, "results.json")) as fh:
@@ -545,6 +586,7 @@ def main(argv):
         loo_rows, _ = reanalyse(_OUT.value, _CONFIG.value, machine, overrides, "loo")
         rows = [dict(keep[r["name"]], predicted_from_specs=r["predicted_from_specs"],
                      errors_from_specs=r["errors_from_specs"]) for r in loo_rows if r["name"] in keep]
+    add_repeat(rows, earlier)
     _write(_OUT.value, rows, failures, overrides)
     if failures:
         sys.exit(1)

@@ -168,3 +168,20 @@ def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
     for f, se in r.stages["runtime"]["rel_std_error"].items():
         if f in rc.RUNTIME_FIELDS and f != rc.STEP_CORES_FIELD:
             assert se <= rc.UNDETERMINED_RSE and f not in r.at_bound, (f, se)
+
+
+def test_the_input_draw_per_sample_is_the_measured_slope_and_stage_3_holds_it():
+    """A learner's host work per sample is the slope of its draws' trimmed means over the sub-batches (one
+    disturbed draw in ten is trimmed); stages 1-2 set it, and stage 3 does not fit it."""
+    draws = [(b, [1e-4 + 2e-5 * b] * 9 + [0.5]) for b in (8, 32, 128)]
+    slope, rse = rc.input_per_sample(draws)
+    assert slope == pytest.approx(2e-5, rel=1e-6) and rse == pytest.approx(0.0, abs=1e-6)
+    _, host, fitted, rse_all, _, stages = rc.fit_device(*START, NET, input_draws=draws)
+    assert float(host.learner_input_per_sample_s) == pytest.approx(2e-5, rel=1e-5)
+    assert fitted[rc.INPUT_FIELD] == stages["input_per_sample_s"] == slope and rc.INPUT_FIELD in rse_all
+    assert rc.INPUT_FIELD not in rc.RUNTIME_FIELDS
+    assert rc.input_per_sample([(8, [3e-4]), (64, [1e-4])])[0] == 0.0  # a falling line: no cost per sample
+    with raises_invalid("input_draws", [8, 8], "draws at 2 or more distinct sub-batches"):
+        rc.input_per_sample([(8, [1e-4]), (8, [2e-4])])
+    with raises_invalid("input_draws", 32, "finite draw times > 0"):
+        rc.input_per_sample([(8, [1e-4]), (32, [])])

@@ -4,6 +4,7 @@ import math
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from jaxsprint.calibration import timing
@@ -69,3 +70,14 @@ def test_gradient_steps_of_the_runtime_learner_and_its_network():
     assert len(cores) == 2 and all(0 < c <= 1.05 * os.cpu_count() for c in cores)
     with raises_invalid("min_reps", 0, "an integer >= 1"):
         timing.measure_gradient_cores(_sprint_config(), [2], min_reps=0)
+
+
+def test_input_draws_of_the_runtime_learner_grow_with_the_sub_batch():
+    """Every draw is timed (rounds interleaved); drawing 16 times the samples takes longer on average."""
+    out = timing.measure_input_draws(_sprint_config(), [4, 64], rounds=2, min_time_s=0.05, min_reps=10)
+    assert len(out) == 2 and all(len(s) >= 20 and min(s) > 0 for s in out)
+    assert np.median(out[1]) > np.median(out[0])
+    with raises_invalid("sub_batches", 0, "integers in 1.."):
+        timing.measure_input_draws(_sprint_config(), [0])
+    with raises_invalid("rounds", 0, "an integer >= 1"):
+        timing.measure_input_draws(_sprint_config(), [4], rounds=0)

@@ -3,6 +3,7 @@ and bad config values (exit 2, one line, nothing written)."""
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -48,6 +49,7 @@ def test_quick_grid_writes_the_tables_and_the_plot(tmp_path):
     (["--config.validation.grid=all"], "error: invalid config.validation.grid='all'"),
     (["--config.validation.no_such=1"], "error: invalid config.validation.no_such='1'"),
     (["--min_gradients=0"], "error: invalid --min_gradients="),  # a setting of the config, not a flag
+    (["--config.validation.repeat_of=/no/such/dir"], "error: invalid config.validation.repeat_of='/no/such/dir'"),
 ])
 def test_bad_config_values_exit_2_with_one_line(tmp_path, args, message):
     out = tmp_path / "vr"
@@ -87,6 +89,18 @@ def test_reanalyse_rewrites_the_tables_from_saved_logs(tmp_path):
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
     assert (out / "errors.png").stat().st_size > 0
     assert data["overrides"] == ["--config.model=tiny", "--config.image_size=8"]
+    # The same logs against themselves as an earlier draw: the repeat source, with nothing between them.
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    r = _run(f"--out={again}", "--reanalyse", f"--config.validation.repeat_of={out}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((again / "results.json").read_text())
+    for run in data["runs"]:
+        e = run["errors_from_repeat"]
+        assert e["epoch_time_rel_error"] == 0 and e["mean_minibatch_rel_error"] == 0 and e["minibatch_tv"] == 0
+    assert data["summary"]["repeat.mean_staleness_rel_error"]["n"] == 2
+    assert "| repeat | median" in (again / "summary.md").read_text()
+    assert "repeat_epoch_time_rel_error" in next(csv.DictReader((again / "results.csv").open()))
 
 
 def test_the_calibration_grid_is_planned_apart_from_the_validation_grid(tmp_path):

@@ -42,4 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     # loo: each run from the preset refitted to the OTHER runs; preset: as it is; unset: loo, and preset with
     # grid=random (held out: the preset was fitted elsewhere; loo is refused there).
     v.specs = config_dict.placeholder(str)
+    # An earlier --out of the same grid (e.g. the same random_seed): each run is also compared with that draw's
+    # measurement of its configuration (the source "repeat": how far the machine repeats itself). Unset: none.
+    v.repeat_of = config_dict.placeholder(str)
     return c

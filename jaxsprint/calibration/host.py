@@ -17,8 +17,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1]), \quad
     t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
 
-``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g`` = ``learner_overhead_s``
-(host work under the lock), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
+``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g = g_0 + g_s b`` a learner's
+host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_sample_s`` per sample drawn), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
 ``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``kappa`` = ``learner_updater_stretch`` (a
 lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` once the learners fill the cores
 (``u = clip(N - C + 1, 0, 1)``), paid like ``w`` by each updater program (an applied update, an all-reduce);
@@ -52,7 +52,7 @@ from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
 __all__ = ["FIELDS", "HOST_FORMAT", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS",
-           "RuntimeTimes", "host_json", "load_host", "make_host", "neutral", "nonempty_probability",
+           "RuntimeTimes", "host_json", "learner_host_s", "load_host", "make_host", "neutral", "nonempty_probability",
            "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped", "step_cores",
            "with_figures"]
 
@@ -60,7 +60,7 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-2"
+HOST_FORMAT = "jaxsprint-host-3"
 
 
 @struct.dataclass
@@ -69,7 +69,8 @@ class HostFigures:
 
     Attributes:
       cores_per_node: ``C``, the compute units every learner of the host (and its updaters) share.
-      learner_overhead_s: ``g``, a learner's host work per cycle besides its device step, under the lock.
+      learner_overhead_s: ``g_0``, a learner's host work per cycle besides its device step, under the lock.
+      learner_input_per_sample_s: ``g_s``, its host work per sample of its sub-batch (drawing the input).
       learner_step_cores: ``p``, the units one step takes on busy cores at large sub-batches, reached as the
         learners oversubscribe the cores (``N >> C``; none extra at ``N <= C``).
       learner_step_cores_half_batch: ``b_p`` (samples): half of ``p - 1`` is reached there; 0: ``p`` always.
@@ -93,6 +94,7 @@ class HostFigures:
 
     cores_per_node: jax.Array
     learner_overhead_s: jax.Array
+    learner_input_per_sample_s: jax.Array
     learner_step_cores: jax.Array
     learner_step_cores_half_batch: jax.Array
     updater_per_learner_s: jax.Array
@@ -116,6 +118,7 @@ _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("of
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
+    learner_input_per_sample_s=(0.0, "neutral: 0 (host cost of drawing a learner's input not modelled)"),
     learner_step_cores=(1.0, "neutral: 1 (a step keeps one compute unit busy)"),
     learner_step_cores_half_batch=(0.0, "neutral: 0 (learner_step_cores at every sub-batch)"),
     updater_per_learner_s=(0.0, "neutral: 0 (the updater's cost does not grow with the learners)"),
@@ -235,6 +238,11 @@ def step_cores(host: HostFigures, sub_batch: jax.Array) -> jax.Array:
     return 1.0 + (host.learner_step_cores - 1.0) * frac
 
 
+def learner_host_s(host: HostFigures, sub_batch: jax.Array) -> jax.Array:
+    """A learner's host work per cycle under the lock: ``g_0 + g_s b``."""
+    return host.learner_overhead_s + host.learner_input_per_sample_s * jnp.asarray(sub_batch, jnp.float32)
+
+
 def nonempty_probability(gradients_per_cycle: jax.Array) -> jax.Array:
     """Chance that an updater cycle gathers at least one gradient: ``1 - exp(-m)``, ``m`` the mean count."""
     return -jnp.expm1(-jnp.maximum(gradients_per_cycle, 0.0))
@@ -246,7 +254,7 @@ def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_d
     c = host.cores_per_node if cores is None else cores
     n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
     load = updater_busy if updater_load is None else updater_load
-    g = host.learner_overhead_s
+    g = learner_host_s(host, sub_batch)
     lone = step * (1.0 + host.learner_updater_stretch * load) + g + host.learner_lock_wait_s * updater_busy
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
     over = jnp.clip(1.0 - c / jnp.maximum(n, 1.0), 0.0, 1.0)  # oversubscription: 0 with N <= C learners
@@ -348,9 +356,11 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
     shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
 
+    g = learner_host_s(host, sub_batch)
+
     def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
-        rho = jnp.minimum(0.95, per_host * host.learner_overhead_s / t_c_before)  # the learners' lock share
-        t_lock = host.updater_lock_waits * host.learner_overhead_s * rho / (1.0 - rho)
+        rho = jnp.minimum(0.95, per_host * g / t_c_before)  # the learners' lock share
+        t_lock = host.updater_lock_waits * g * rho / (1.0 - rho)
         per_program = t_queue + shared_wait * t_c_before
         t_empty = t_base + per_program * programs + t_lock
         t_own = t_empty + (t_apply + per_program) * nonempty

@@ -8,7 +8,9 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
 1. **Compute** (:func:`jaxsprint.calibration.model_fit.fit` on the lone steps): ``efficiency_fwd`` (the
    backward passes tied to it) and ``half_efficiency_batch``, on each step's mean time (a learner's mean cycle
    is made of all its steps, slow ones included), 10%-trimmed (a burst of other work on the machine during
-   the timing, steps 3x the median, stays out); the cores a lone step keeps busy start ``learner_step_cores``.
+   the timing, steps 3x the median, stays out); the cores a lone step keeps busy start ``learner_step_cores``;
+   the slope of a learner's input draw over the sub-batches is ``learner_input_per_sample_s``, measured and
+   held (:func:`input_per_sample`).
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and ``network_bandwidth_bytes_per_s``.
 3. **Sharing and the updater** (:func:`fit_runtime`): the host figures of :data:`RUNTIME_FIELDS`, by least
    squares on the log-errors of both cycle means (``T_c``, ``T_u``) of every run, in log parameters inside
@@ -39,9 +41,10 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
            "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
-           "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds", "predict_runs",
+           "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds",
+           "input_per_sample", "predict_runs",
            "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
@@ -52,6 +55,7 @@ RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learn
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
                   "updater_lock_waits", "updater_sync_per_learner_s", "learner_lock_wait_s", "learner_updater_stretch",
                   "learner_step_cores", "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
+INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
@@ -201,6 +205,28 @@ def gradient_step_seconds(record: dict[str, Any]) -> float:
     (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
     samples = record.get("samples") or []
     return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
+
+
+def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
+    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
+    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
+    sub-batches; a slope below 0 is 0).
+
+    Raises:
+      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
+    """
+    b = [int(x) for x, _ in draws]
+    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
+    t = []
+    for x, samples in draws:
+        v = np.asarray(samples, np.float64)
+        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
+              "a sub-batch with finite draw times > 0")
+        t.append(float(scipy.stats.trim_mean(v, 0.1)))
+    line = scipy.stats.linregress(b, t)
+    slope = max(float(line.slope), 0.0)
+    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
+    return slope, rse
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -436,10 +462,11 @@ def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, ru
 
 def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                steps: Sequence[calib.StepTiming] = (), allreduces: Sequence[calib.AllreduceTiming] = (),
-               step_cores: float | None = None, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
+               step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (), seed: int = 0,
+               fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
-    """Stages 1 and 2 of :func:`fit_all` (the lone step and the all-reduces; a stage without measurements is
-    skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no memory-bound part in
+    """Stages 1 and 2 of :func:`fit_all` (the lone step, the input draws and the all-reduces; a stage without
+    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no memory-bound part in
     the steps) is held there and added to ``fixed`` with its reason.
 
     Returns:
@@ -457,6 +484,12 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
         host = host.replace(**{STEP_CORES_FIELD: jnp.float32(step_cores)})
         fitted[STEP_CORES_FIELD] = float(step_cores)
         stages["step_cores"] = float(step_cores)
+    input_draws = list(input_draws)
+    if input_draws:
+        per_sample, per_sample_rse = input_per_sample(input_draws)
+        host = host.replace(**{INPUT_FIELD: jnp.float32(per_sample)})
+        fitted[INPUT_FIELD], rse[INPUT_FIELD] = per_sample, per_sample_rse
+        stages["input_per_sample_s"] = per_sample
     steps = list(steps)
     if steps:
         fields = [f for f in COMPUTE_FIELDS if f not in fixed][:len(steps)]
@@ -493,8 +526,9 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
 
 def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
             allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
-            step_cores: float | None = None, co_located: bool = True, seed: int = 0,
-            fixed: dict[str, tuple[float, str]] | None = None, fix_undetermined: bool = False) -> RuntimeFit:
+            step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (),
+            co_located: bool = True, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None,
+            fix_undetermined: bool = False) -> RuntimeFit:
     """All three stages (module docstring); a stage without measurements is skipped.
 
     Args:
@@ -505,6 +539,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       allreduces: All-reduces over the runtime's processes.
       runs: Measured runtime runs.
       step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
+      input_draws: ``[(sub_batch, draw seconds)]`` of a learner's input draw (:func:`input_per_sample`; none:
+        the host's ``learner_input_per_sample_s`` is kept).
       co_located: The hosts of multi-host runs were processes of this machine.
       seed: Seed of the random starts of stages 1 and 2.
       fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
@@ -525,7 +561,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
     _check_runs(list(runs))
     fixed = dict(fixed or {})
     m, host, fitted, rse, at_bound, stages = fit_device(machine, host, network, steps=steps, allreduces=allreduces,
-                                                        step_cores=step_cores, seed=seed, fixed=fixed)
+                                                        step_cores=step_cores, input_draws=input_draws, seed=seed,
+                                                        fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
     res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     def bounds_of(f):

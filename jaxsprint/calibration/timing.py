@@ -12,6 +12,7 @@ stack, while timing a step needs the project's models and train step (:mod:`jaxs
 * :func:`measure_gradient_steps`: wall seconds of one runtime learner's gradient (the runtime's own jitted
   gradient function, result copied to the host) at several sub-batches; :func:`measure_gradient_cores`: the
   cores that gradient keeps busy (process CPU time over wall time).
+* :func:`measure_input_draws`: wall seconds of one runtime learner's input draw (its host work per sample).
 * :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
   :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
 """
@@ -33,8 +34,8 @@ from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.calibration.model_fit import AllreduceTiming
 
-__all__ = ["measure_allreduce", "measure_gradient_cores", "measure_gradient_steps", "measure_train_steps",
-           "runtime_network"]
+__all__ = ["measure_allreduce", "measure_gradient_cores", "measure_gradient_steps", "measure_input_draws",
+           "measure_train_steps", "runtime_network"]
 
 
 def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
@@ -227,6 +228,40 @@ def measure_gradient_cores(config, sub_batches: Sequence[int], *, min_time_s: fl
             reps += 1
         out.append((time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9))
     return out
+
+
+def measure_input_draws(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.1,
+                        min_reps: int = 5) -> list[list[float]]:
+    """Wall seconds of one runtime learner's input draw at each sub-batch: every sample, rounds interleaved.
+
+    The draw is :meth:`jaxsprint.runtime.learner.SubBatches.draw` on ``config``'s training set (the indices of
+    the next sub-batch, its images and labels gathered on the host), the host work a learner does per sample
+    besides its gradient (``learner_input_per_sample_s``, the slope over the sub-batches).
+
+    Raises:
+      ConfigError: ``rounds`` or ``min_reps`` below 1, a sub-batch below 1 or above the training set.
+    """
+    from jaxsprint.train import data
+    from jaxsprint.runtime import learner
+
+    check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    dataset = data.load_dataset(config)
+    runners = []
+    for b in sub_batches:
+        check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
+              f"integers in 1..{dataset.num_train} (the training set)")
+        draws = learner.SubBatches(dataset.train, seed=0, sub_batch=b, host=0, num_hosts=1)
+        draws.draw()
+
+        def once(draws=draws) -> float:
+            t = time.perf_counter()
+            draws.draw()
+            return time.perf_counter() - t
+
+        runners.append(once)
+    return [s for _, s in _interleaved_rounds(runners, rounds=rounds, min_time_s=min_time_s, min_reps=min_reps,
+                                              log=None)]
 
 
 # One rank of the all-reduce timing, run as `python -c _WORKER '<json args>'` in its own process.
