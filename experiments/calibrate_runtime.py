@@ -274,7 +274,13 @@ def _start(config, measurements):
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
-    draws = [(int(d["sub_batch"]), [float(x) for x in d["samples"]]) for d in measurements.get("input_draws", [])]
+    try:  # absent in files of before the input draws: the preset's figure is kept
+        draws = [(int(d["sub_batch"]), [float(x) for x in d["samples"]]) for d in measurements.get("input_draws", [])]
+    except (KeyError, TypeError, ValueError):
+        from jaxsprint.errors import DataError
+
+        raise DataError("config.calibration.measurements", "input_draws", "a list of records with a sub_batch and "
+                        "its draw times (samples), as this script writes") from None
     start = machines.get("cpu_runtime")
     return (net, steps, ars, (float(np.median(cores)) if cores else None), draws, start,
             host.load_host(start, "cpu_runtime"))
