@@ -41,6 +41,20 @@ def test_fit_only_refits_stored_measurements(tmp_path):
     # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2).
     assert 2e-4 < data["host"]["figures"]["updater_per_learner_s"] < 8e-4
     assert data["command"].endswith("--config.calibration.fit_only=True")  # the command that made it
+    # The input draws: their slope over the sub-batches is the learner's host work per sample, held by stage 3.
+    meas["input_draws"] = [dict(sub_batch=b, samples=[5e-5 + 2e-5 * b] * 4) for b in (8, 32, 128)]
+    cal.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
+    r = _run(f"--config.calibration.measurements={cal}", f"--out={out}", "--config.calibration.fit_only=True")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["host"]["figures"]["learner_input_per_sample_s"] == pytest.approx(2e-5, rel=1e-3)
+    assert "learner_input_per_sample_s" not in data["fit"]["stages"]["runtime"]["fitted"]
+    meas["input_draws"] = [dict(sub_batch=8)]  # no samples: a clean error, the preset left as it was
+    cal.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": meas}))
+    before = out.read_text()
+    r = _run(f"--config.calibration.measurements={cal}", f"--out={out}", "--config.calibration.fit_only=True")
+    assert r.returncode == 2 and "error: invalid config.calibration.measurements='input_draws'" in r.stderr
+    assert "Traceback" not in r.stderr and out.read_text() == before
 
 
 def test_bad_config_values_exit_2(tmp_path):
@@ -120,3 +134,6 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     data = json.loads(out.read_text())
     assert data["measurements"] == str(cal) and data["fit"]["compute"]["n"] == len(meas["runs"])
     assert set(data["host"]["figures"]) == set(data["host"]["sources"])
+    assert [d["sub_batch"] for d in meas["input_draws"]] == [d["sub_batch"] for d in meas["gradient_steps"]]
+    assert data["host"]["figures"]["learner_input_per_sample_s"] == pytest.approx(
+        data["fit"]["stages"]["input_per_sample_s"], rel=1e-3)

@@ -12,7 +12,8 @@ stack, while timing a step needs the project's models and train step (:mod:`jaxs
 * :func:`measure_gradient_steps`: wall seconds of one runtime learner's gradient (the runtime's own jitted
   gradient function, result copied to the host) at several sub-batches; :func:`measure_gradient_cores`: the
   cores that gradient keeps busy (process CPU time over wall time).
-* :func:`measure_input_draws`: wall seconds of one runtime learner's input draw (its host work per sample).
+* :func:`gradient_function`: that gradient, its parameters and dataset, as the runtime builds them;
+  :func:`measure_input_draws`: wall seconds of one runtime learner's input draw (its host work per sample).
 * :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
   :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
 """
@@ -34,8 +35,8 @@ from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.calibration.model_fit import AllreduceTiming
 
-__all__ = ["measure_allreduce", "measure_gradient_cores", "measure_gradient_steps", "measure_input_draws",
-           "measure_train_steps", "runtime_network"]
+__all__ = ["gradient_function", "measure_allreduce", "measure_gradient_cores", "measure_gradient_steps",
+           "measure_input_draws", "measure_train_steps", "runtime_network"]
 
 
 def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
@@ -133,17 +134,16 @@ def runtime_network(config):
     return networks.from_flax(model, shape, name=config.model, apply_kwargs={"train": True})
 
 
-def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], float]]:
-    """One ``once() -> wall seconds`` per sub-batch: the runtime learner's jitted gradient, result to the host."""
+def gradient_function(config):
+    """``(gradient, flat parameters, dataset)``: the runtime learner's jitted gradient function of ``config``
+    (:func:`jaxsprint.runtime.learner.make_gradient_fn` with the CPU switch), the initial parameters it takes
+    and the loaded dataset, as the runtime builds them."""
     from jax.flatten_util import ravel_pytree
 
     from jaxsprint.train import cpu, data, models
     from jaxsprint.runtime import learner
 
     dataset = data.load_dataset(config)
-    for b in sub_batches:
-        check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
-              f"integers in 1..{dataset.num_train} (the training set)")
     accel = cpu.acceleration(config.cpu_kernels)
     model = models.create_model(config.model, num_classes=dataset.num_classes, dtype=config.dtype, bn_momentum=0.0,
                                 bn_epsilon=config.bn.epsilon, zero_init_last_bn=config.zero_init_last_bn,
@@ -156,6 +156,15 @@ def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], fl
                                           label_smoothing=config.label_smoothing, unravel_params=unravel,
                                           batch_stats=jax.device_get(variables.get("batch_stats", {})),
                                           preprocess=train_pre, seed=0), compiler_options=accel.compiler_options)
+    return fn, params_flat, dataset
+
+
+def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], float]]:
+    """One ``once() -> wall seconds`` per sub-batch: the runtime learner's jitted gradient, result to the host."""
+    fn, params_flat, dataset = gradient_function(config)
+    for b in sub_batches:
+        check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
+              f"integers in 1..{dataset.num_train} (the training set)")
     runners = []
     for b in sub_batches:
         batch = dataset.train.get_batch(np.arange(b))
