@@ -140,7 +140,8 @@ def read_repeat(path: str, names: list[str] | None) -> dict[str, dict]:
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(field, path, what) from None
     if names is not None:
-        check(any(n in earlier for n in names), field, path, f"{what}: one with runs of these names ({', '.join(names)})")
+        check(any(n in earlier for n in names), field, path,
+              f"{what}: one with runs of these names ({', '.join(names)})")
     return earlier
 
 

@@ -87,8 +87,8 @@ def test_runtime_times_by_their_formulas():
     g0, gs, p, a, c, cu, sh, kappa = 1.5e-3, 2e-5, 1.5, 2e-3, 1e-3, 0.3, 1.2, 0.2
     g = g0 + 32 * gs  # the host work of a learner cycle at sub-batch 32
     m = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=a)
-    h = hf.with_figures(_host(), learner_overhead_s=g0, learner_input_per_sample_s=gs, learner_step_cores=p, updater_per_learner_s=c,
-                        updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
+    h = hf.with_figures(_host(), learner_overhead_s=g0, learner_input_per_sample_s=gs, learner_step_cores=p,
+                        updater_per_learner_s=c, updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
                         updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_lock_wait_s=0.0,
                         updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa,
                         updater_sync_per_learner_s=0.0)
@@ -237,7 +237,8 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
     g, n_l, w_l, w = 1e-3, 2.0, 3e-3, 0.25
-    base = hf.with_figures(_host(), learner_overhead_s=g, learner_input_per_sample_s=0.0, updater_lock_waits=0.0, learner_lock_wait_s=0.0,
+    base = hf.with_figures(_host(), learner_overhead_s=g, learner_input_per_sample_s=0.0, updater_lock_waits=0.0,
+                           learner_lock_wait_s=0.0,
                            updater_shared_wait=0.0, updater_hosts_stretch=0.0, learner_updater_stretch=0.0)
     m = hf.with_figures(base, updater_lock_waits=n_l, learner_lock_wait_s=w_l, updater_shared_wait=w)
     kw = dict(learners_per_host=6, hosts=1, sub_batch=8, network_time_s=0.004)

@@ -18,7 +18,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g = g_0 + g_s b`` a learner's
-host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_sample_s`` per sample drawn), ``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
+host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_sample_s`` per sample drawn),
+``p`` = ``learner_step_cores`` with ``b_p`` = ``learner_step_cores_half_batch``,
 ``c_u`` = ``updater_cores``, ``c`` = ``updater_per_learner_s``, ``kappa`` = ``learner_updater_stretch`` (a
 lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` once the learners fill the cores
 (``u = clip(N - C + 1, 0, 1)``), paid like ``w`` by each updater program (an applied update, an all-reduce);

@@ -41,7 +41,8 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
+__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS", "RUNTIME_BOUNDS",
+           "RUNTIME_FIELDS",
            "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
            "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds",
            "input_per_sample", "predict_runs",
@@ -462,12 +463,12 @@ def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, ru
 
 def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                steps: Sequence[calib.StepTiming] = (), allreduces: Sequence[calib.AllreduceTiming] = (),
-               step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (), seed: int = 0,
-               fixed: dict[str, tuple[float, str]] | None = None
+               step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (),
+               seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
     """Stages 1 and 2 of :func:`fit_all` (the lone step, the input draws and the all-reduces; a stage without
-    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no memory-bound part in
-    the steps) is held there and added to ``fixed`` with its reason.
+    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no
+    memory-bound part in the steps) is held there and added to ``fixed`` with its reason.
 
     Returns:
       ``(machine, host, fitted, rel_std_error, at_bound, stages)`` after the two stages.
