@@ -7,7 +7,7 @@ own device for ``--seconds``; the table gives the mean cycle (wall time x N / gr
 on the first learner's device and ``N + 1`` with its own. Timings only: nothing is asserted
 (docs/calibration.md, "What the runs cannot see").
 
-  .venv/bin/python scripts/bench_learner_devices.py --points=1x1x32,1x2x32,2x2x16,2x3x16 --repeats=3
+  .venv/bin/python scripts/bench_learner_devices.py [--points=1x1x32,1x2x32 --repeats=3]   # about 5 minutes
 """
 import json
 import os
@@ -19,7 +19,7 @@ from absl import flags
 from jaxsprint import cli
 from jaxsprint.errors import check
 
-_POINTS = flags.DEFINE_list("points", ["1x1x32", "1x2x32", "2x2x16", "2x3x16", "8x8x40", "8x9x40"],
+_POINTS = flags.DEFINE_list("points", ["1x1x32", "1x2x32", "1x8x32", "2x2x16", "2x3x16", "2x8x16", "8x8x40", "8x9x40"],
                             "Points NxDxB: learner threads, devices of the process, sub-batch.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Fresh processes per point.")
 _SECONDS = flags.DEFINE_float("seconds", 2.0, "Timed seconds per process (after two warm-up steps per thread).")

@@ -137,3 +137,36 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     assert [d["sub_batch"] for d in meas["input_draws"]] == [d["sub_batch"] for d in meas["gradient_steps"]]
     assert data["host"]["figures"]["learner_input_per_sample_s"] == pytest.approx(
         data["fit"]["stages"]["input_per_sample_s"], rel=1e-3)
+
+
+@pytest.mark.parametrize("quiet_after", [1, None])
+def test_a_disturbed_lone_step_is_measured_again(monkeypatch, quiet_after):
+    """A sub-batch whose lone steps average more than 1.15 x their best round's median is timed again (only
+    that one), twice at most, and the quieter timing is kept; one still disturbed after that is reported."""
+    sys.path.insert(0, ROOT)
+    from experiments import calibrate_runtime as cr
+    from experiments.configs import calibrate_runtime as cfg
+    from jaxsprint.calibration import timing
+
+    calls = []
+
+    def steps(config, batches, **kw):
+        calls.append(list(batches))
+        busy = quiet_after is None or len(calls) <= quiet_after
+        # Disturbed: 3 steps in 10 twice as long (the trimmed mean 1.375 x the median).
+        slow = {b: 2.0 if b == 32 and busy else 1.0 for b in batches}
+        return [(1e-3 * b, [1e-3 * b] * 7 + [1e-3 * b * slow[b]] * 3) for b in batches]
+
+    monkeypatch.setattr(timing, "measure_gradient_steps", steps)
+    monkeypatch.setattr(timing, "measure_gradient_cores", lambda config, batches, **kw: [1.0] * len(batches))
+    monkeypatch.setattr(timing, "measure_input_draws", lambda config, batches, **kw: [[1e-5 * b] for b in batches])
+    config = cfg.get_config()
+    config.calibration.allreduce = False
+    lines = []
+    meas = cr.measure(config, [8, 32], [], [], log=lines.append, runs=[])
+    assert calls == [[8, 32]] + [[32]] * (cr._RETRIES if quiet_after is None else quiet_after)
+    kept = {g["sub_batch"]: g for g in meas["gradient_steps"]}
+    assert kept[8]["mean_s"] == pytest.approx(8e-3)
+    assert kept[32]["mean_s"] == pytest.approx(32e-3 * (1.0 if quiet_after else 1.3))
+    assert any("measuring them again" in ln for ln in lines)
+    assert any(ln.startswith("WARNING") for ln in lines) == (quiet_after is None)
