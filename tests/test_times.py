@@ -161,7 +161,9 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
     gathers gradients and nearly none when almost every cycle is empty (hand-computed)."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
-    base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5, updater_queue=0.0)
+    base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5, updater_queue=0.0,
+                           updater_lock_waits=0.0, learner_updater_stretch=0.0,
+                           updater_sync_per_learner_s=0.0)  # those terms apart (the tests above and below)
     t_a = 4e-3
     m = hf.with_figures(base, updater_apply_s=t_a)
     for hosts, per_host, b, net_s in ((2, 4, 32, 0.03), (1, 2, 128, 0.0), (2, 1, 8, 0.0), (1, 8, 64, 0.002)):
