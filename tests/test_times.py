@@ -163,7 +163,8 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
     rt = mc.get("cpu_runtime")
     base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5, updater_queue=0.0,
                            updater_lock_waits=0.0, learner_updater_stretch=0.0,
-                           updater_sync_per_learner_s=0.0)  # those terms apart (the tests above and below)
+                           updater_sync_per_learner_s=0.0,  # those terms apart (the tests above and below)
+                           updater_per_learner_s=1e-4)  # an empty cycle of 0.1 ms per learner
     t_a = 4e-3
     m = hf.with_figures(base, updater_apply_s=t_a)
     for hosts, per_host, b, net_s in ((2, 4, 32, 0.03), (1, 2, 128, 0.0), (2, 1, 8, 0.0), (1, 8, 64, 0.002)):
@@ -259,3 +260,14 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
         assert t_c == pytest.approx(want, rel=2e-3)
     assert float(hf.runtime_times(net, rt, m, shared=1.0, **kw).t_update_s) > float(
         hf.runtime_times(net, rt, m, **kw).t_update_s)
+
+
+def test_an_updater_cycle_with_every_cost_at_zero_stays_finite():
+    """Neutral updater costs, one host, no network: the empty cycle is held at MIN_CYCLE_S, not 0 (no 0/0)."""
+    net = zoo.get("resnet8")
+    rt = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=0.0)
+    h = hf.with_figures(_host(), updater_per_learner_s=0.0, updater_lock_waits=0.0, updater_queue=0.0,
+                        updater_apply_s=0.0)
+    r = hf.runtime_times(net, rt, h, learners_per_host=1, sub_batch=128, network_time_s=0.0)
+    assert all(np.isfinite(float(x)) for x in r)
+    assert float(r.t_update_empty_s) == pytest.approx(hf.MIN_CYCLE_S)

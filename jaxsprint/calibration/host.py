@@ -52,7 +52,7 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
-__all__ = ["FIELDS", "HOST_FORMAT", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS",
+__all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS",
            "RuntimeTimes", "host_json", "learner_host_s", "load_host", "make_host", "neutral", "nonempty_probability",
            "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped", "step_cores",
            "with_figures"]
@@ -62,6 +62,9 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
 HOST_FORMAT = "jaxsprint-host-3"
+# An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
+# empty cycle of no time would make T_u 0 and the mini-batch 0/0.
+MIN_CYCLE_S = 1e-6
 
 
 @struct.dataclass
@@ -363,7 +366,7 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
         rho = jnp.minimum(0.95, per_host * g / t_c_before)  # the learners' lock share
         t_lock = host.updater_lock_waits * g * rho / (1.0 - rho)
         per_program = t_queue + shared_wait * t_c_before
-        t_empty = t_base + per_program * programs + t_lock
+        t_empty = jnp.maximum(t_base + per_program * programs + t_lock, MIN_CYCLE_S)
         t_own = t_empty + (t_apply + per_program) * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u
