@@ -69,6 +69,7 @@ def test_predict_runs_is_runtime_times_per_run():
         assert float(got.t_update_s[i]) == pytest.approx(float(one.t_update_s), rel=1e-5)
 
 
+@pytest.mark.slow  # several full fits: 1-2 minutes on 2 cores
 def test_fit_all_stages_and_a_subset_keeps_the_rest():
     steps = [model_fit.StepTiming(NET, b, float(times.compute_time_s(NET, TRUE[0], b, 1)), 0.0) for b in (8, 32, 128)]
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
@@ -101,6 +102,7 @@ def test_bad_input_names_the_field():
         rc.fit_runtime(*TRUE, NET, list(_true_runs())[:1], fields=rc.RUNTIME_FIELDS)
 
 
+@pytest.mark.slow  # several full fits: 1-2 minutes on 2 cores
 def test_cross_validate_fits_each_run_without_it():
     """Leave-one-out on exact runs: every held-out run is predicted from figures fitted to the others alone
     (a run changed by 30% moves only the other runs' machines, and its own prediction stays at the truth)."""
