@@ -52,10 +52,10 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
-__all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS",
-           "RuntimeTimes", "host_json", "learner_host_s", "load_host", "make_host", "neutral", "nonempty_probability",
-           "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped", "step_cores",
-           "with_figures"]
+__all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
+           "RUNTIME_SHARPNESS", "RuntimeTimes", "host_json", "learner_host_s", "load_host", "make_host", "neutral",
+           "nonempty_probability", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped",
+           "step_cores", "with_figures"]
 
 RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either

@@ -159,12 +159,16 @@ def gradient_function(config):
     return fn, params_flat, dataset
 
 
-def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], float]]:
-    """One ``once() -> wall seconds`` per sub-batch: the runtime learner's jitted gradient, result to the host."""
-    fn, params_flat, dataset = gradient_function(config)
+def _check_sub_batches(sub_batches: Sequence[int], dataset) -> None:
     for b in sub_batches:
         check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
               f"integers in 1..{dataset.num_train} (the training set)")
+
+
+def _gradient_runner(config, sub_batches: Sequence[int]) -> list[Callable[[], float]]:
+    """One ``once() -> wall seconds`` per sub-batch: the runtime learner's jitted gradient, result to the host."""
+    fn, params_flat, dataset = gradient_function(config)
+    _check_sub_batches(sub_batches, dataset)
     runners = []
     for b in sub_batches:
         batch = dataset.train.get_batch(np.arange(b))
@@ -256,10 +260,9 @@ def measure_input_draws(config, sub_batches: Sequence[int], *, rounds: int = 3, 
     check(int(rounds) >= 1, "rounds", rounds, "an integer >= 1")
     check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
     dataset = data.load_dataset(config)
+    _check_sub_batches(sub_batches, dataset)
     runners = []
     for b in sub_batches:
-        check(isinstance(b, int) and 1 <= b <= dataset.num_train, "sub_batches", b,
-              f"integers in 1..{dataset.num_train} (the training set)")
         draws = learner.SubBatches(dataset.train, seed=0, sub_batch=b, host=0, num_hosts=1)
         draws.draw()
 
