@@ -315,8 +315,9 @@ def measure_design(config, measured, log=print):
 
     k = config.calibration
     net, steps, ars, cores, draws, machine, host = _start(config, measured)
+    held = {f: host_fit.FIXED[f] for f in host_fit.ALWAYS_FIXED}
     machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
-                                            input_draws=draws, fixed={"step_overhead_s": host_fit.FIXED["step_overhead_s"]})
+                                            input_draws=draws, fixed=held)
     pool = design.candidates()
     plan, split = [], []
     for e in pool:
@@ -330,7 +331,7 @@ def measure_design(config, measured, log=print):
         applying = -math.expm1(-n * tu / tc)  # the share of cycles that gather a gradient (Poisson)
         cycles = (plan[-1] - k.warmup_s) / tu
         split.append(min(applying, 1.0 - applying) * cycles >= host_fit.MIN_SPLIT_CYCLES)  # both kinds measured
-    fields = list(host_fit.RUNTIME_FIELDS)
+    fields = [f for f in host_fit.RUNTIME_FIELDS if f not in host_fit.ALWAYS_FIXED]
     jac = design.sensitivities(machine, host, net, pool, fields, split)
     cost = [k.run_startup_s + d for d in plan]
     chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4)
@@ -373,7 +374,7 @@ def fit(config, measurements):
     net, steps, ars, cores, draws, start, host = _start(config, measurements)
     runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
     k = config.calibration
-    fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else ("step_overhead_s",))}
+    fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else host_fit.ALWAYS_FIXED)}
     return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores,
                             input_draws=draws, fixed=fixed, fix_undetermined=bool(k.fix_undetermined))
 

@@ -40,6 +40,9 @@ def test_fit_only_refits_stored_measurements(tmp_path):
     assert 1.0 <= fitted["learner_step_cores"] <= 4.0 and fitted["learner_step_cores"] != pytest.approx(2.8, rel=1e-4)
     # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2).
     assert 2e-4 < data["host"]["figures"]["updater_per_learner_s"] < 8e-4
+    # The updater's lock-wait term is off in every default calibration (host_fit.ALWAYS_FIXED), its reason the source.
+    assert data["host"]["figures"]["updater_lock_waits"] == 0.0 and "updater_lock_waits" not in fitted
+    assert data["host"]["sources"]["updater_lock_waits"].startswith("fixed at 0 (the lock-wait term off)")
     assert data["command"].endswith("--config.calibration.fit_only=True")  # the command that made it
     # The input draws: their slope over the sub-batches is the learner's host work per sample, held by stage 3.
     meas["input_draws"] = [dict(sub_batch=b, samples=[5e-5 + 2e-5 * b] * 4) for b in (8, 32, 128)]

@@ -187,3 +187,21 @@ def test_the_input_draw_per_sample_is_the_measured_slope_and_stage_3_holds_it():
         rc.input_per_sample([(8, [1e-4]), (8, [2e-4])])
     with raises_invalid("input_draws", 32, "finite draw times > 0"):
         rc.input_per_sample([(8, [1e-4]), (32, [])])
+
+
+def test_the_default_calibration_holds_the_lock_wait_term_off():
+    """ALWAYS_FIXED figures are held at their FIXED values. With the lock-wait term off, an updater cycling back
+    to back (one host, no network) spends its cost per cycle and per learner, whatever the learners' host work
+    per sample; with it on, the cycle grows with the sub-batch (the measured cycles do not: docs/calibration.md)."""
+    assert set(rc.ALWAYS_FIXED) <= set(rc.FIXED) and rc.FIXED["updater_lock_waits"][0] == 0.0
+    m = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=8e-5)
+    off = hf.with_figures(HOST, updater_lock_waits=0.0, updater_per_learner_s=6e-5, learner_input_per_sample_s=2e-5)
+    on = hf.with_figures(off, updater_lock_waits=1.5)
+
+    def empty(h, n, b):
+        return float(hf.runtime_times(NET, m, h, learners_per_host=n, sub_batch=b).t_update_empty_s)
+
+    for n in (1, 4):
+        assert empty(off, n, 8) == pytest.approx(empty(off, n, 128), rel=1e-5)
+        assert empty(off, n, 8) == pytest.approx(8e-5 + 6e-5 * n, rel=1e-4)
+        assert empty(on, n, 128) > 1.01 * empty(on, n, 8)

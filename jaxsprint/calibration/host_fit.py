@@ -41,8 +41,8 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS", "RUNTIME_BOUNDS",
-           "RUNTIME_FIELDS",
+__all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
+           "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
            "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
            "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds",
            "input_per_sample", "predict_runs",
@@ -89,6 +89,7 @@ MIN_SPLIT_CYCLES = 30
 # Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
 # is flat in it): experiments/calibrate_runtime.py holds them at these values, fit_all(fixed=FIXED), instead of
 # fitting them. {field: (value, the reason, which becomes its source)}.
+# The default calibration holds those of ALWAYS_FIXED whatever its runs, the others where the runs leave them loose.
 FIXED = {
     "step_overhead_s": (0.0, "fixed at 0, not fitted: five lone steps at sub-batch 8-128 cannot tell a fixed cost "
                              "per step from the small-batch slowdown (half_efficiency_batch); fitted, it ran onto "
@@ -99,10 +100,14 @@ FIXED = {
     "updater_queue": (0.0, "fixed at 0 (the queue term off), not fitted: the calibration runs that fill the cores "
                            "do not separate it from the updater's other costs; fitted, it ran onto its lower "
                            "bound, 1e-4 of a device step"),
+    "updater_lock_waits": (0.0, "fixed at 0 (the lock-wait term off), not fitted: the measured empty cycles of an "
+                                "updater cycling back to back do not grow with the learners' host work, as this "
+                                "wait does (docs/calibration.md)"),
     "learner_step_cores_half_batch": (0.0, "fixed at 0 (learner_step_cores at every sub-batch), not fitted: the "
                                            "calibration runs show no growth of a busy step's cores with the "
                                            "sub-batch; fitted, it ran onto its lower bound, 0.5"),
 }
+ALWAYS_FIXED = ("step_overhead_s", "updater_lock_waits")
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "memory_bandwidth_bytes_per_s": (1e9, 1e13), "step_overhead_s": (1e-6, 1.0)}
 
