@@ -79,6 +79,36 @@ def _smax(*xs):
     return sum(x ** k for x in xs) ** (1 / k)
 
 
+def _share(n, r):
+    """The share of applying cycles at runtime_times' fixed point ``r`` with ``n`` learners, by hand: after an
+    empty cycle the next applies with p_e = 1 - exp(-n t_empty / T_c), after an applying one with p_a."""
+    rate = n / float(r.t_compute_s)
+    p_e, p_a = 1 - np.exp(-rate * float(r.t_update_empty_s)), 1 - np.exp(-rate * float(r.t_update_applying_s))
+    return p_e / (1 - p_a + p_e)
+
+
+def test_the_applying_share_is_that_of_the_updater_loop():
+    """applying_share is the share of updates of an updater loop (simulated: each cycle gathers the Poisson
+    arrivals of the one before, an empty cycle t_empty long, an applying one t_applying) and, with both kinds
+    equally long, the Poisson chance of a non-empty cycle."""
+    rng = np.random.default_rng(0)
+    for rate, t_e, t_a in ((900.0, 3e-4, 1.7e-3), (300.0, 2.6e-4, 3.5e-3), (50.0, 1e-3, 1e-3), (2e3, 1e-4, 1e-2)):
+        applying, last = 0, t_e
+        counts = rng.poisson(rate * t_e, 1)  # warm start; the loop draws each cycle's arrivals from the last
+        for _ in range(100_000):
+            counts = rng.poisson(rate * last)
+            last = t_a if counts > 0 else t_e
+            applying += counts > 0
+        want = float(hf.applying_share(rate, t_e, t_a))
+        assert applying / 100_000 == pytest.approx(want, abs=0.01), (rate, t_e, t_a)
+        assert 0.0 <= want <= 1.0
+    assert float(hf.applying_share(200.0, 2e-3, 2e-3)) == pytest.approx(1 - np.exp(-0.4), rel=1e-6)
+    # Long applying cycles beside short empty ones: fewer, fuller updates than the mean count's Poisson chance.
+    share = float(hf.applying_share(900.0, 3e-4, 1.7e-3))
+    mean = (1 - share) * 3e-4 + share * 1.7e-3
+    assert share < float(hf.nonempty_probability(900.0 * mean))
+
+
 def test_runtime_times_by_their_formulas():
     """The learner cycle is the smooth maximum of its lone cycle, its process's interpreter-lock bound and the
     cores bound (a learner's host work: per cycle and per sample drawn); the updater's own part, stretched on
@@ -97,7 +127,7 @@ def test_runtime_times_by_their_formulas():
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
     # Two hosts x four learners on two cores, 30 ms of network time.
     r = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03)
-    share = 1.0 - np.exp(-8 * float(r.t_update_s) / float(r.t_compute_s))  # cycles that read the gradients
+    share = _share(8, r)  # cycles that read the gradients
     own = (host(4) * share + a + 4 * c) * (1 + sh)
     assert float(r.t_update_s) == pytest.approx(own + 0.03 + ring, rel=1e-5)
     beta = own / (own + 0.03 + ring)
@@ -115,7 +145,7 @@ def test_runtime_times_by_their_formulas():
     assert float(r.t_compute_cv) == pytest.approx(float(h.learner_cv))
     # One host: no all-reduce and no stretch; one learner alone: its lone cycle dominates.
     one = hf.runtime_times(net, m, h, learners_per_host=1, hosts=1, sub_batch=32, network_time_s=0.0)
-    share1 = 1.0 - np.exp(-float(one.t_update_s) / float(one.t_compute_s))  # most cycles empty: no host passes
+    share1 = _share(1, one)  # most cycles empty: no host passes
     assert share1 < 0.5 and float(one.t_update_s) == pytest.approx(host(1) * share1 + a + c, rel=1e-4)
     step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
     # Its updater never sleeps (beta = 1): the step stretched by kappa, the lock bound at g / (1 - 1/2).
@@ -125,7 +155,7 @@ def test_runtime_times_by_their_formulas():
     apart = hf.runtime_times(net, m, h, learners_per_host=4, hosts=2, sub_batch=32, network_time_s=0.03,
                              co_located=False)
     assert float(apart.t_compute_s) < float(r.t_compute_s)
-    share_apart = 1.0 - np.exp(-8 * float(apart.t_update_s) / float(apart.t_compute_s))
+    share_apart = _share(8, apart)
     assert float(apart.t_update_s) == pytest.approx((host(4) * share_apart + a + 4 * c) + 0.03 + ring, rel=1e-5)
     # Differentiable in the new figures (the search and the calibration take gradients): 8 learners on 2 cores
     # are bound by the cores, so T_c grows about in proportion to the busy step's cores and host work.
@@ -156,7 +186,7 @@ def test_runtime_step_cores_grow_with_the_sub_batch():
 
 
 def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
-    """The updater's apply cost comes with the share 1 - exp(-N T_u / T_c) of non-empty cycles: runtime_times
+    """The updater's apply cost comes with the share of non-empty cycles (:func:`_share`): runtime_times
     returns the fixed point (its T_u and T_c satisfy both formulas), nearly the whole cost when every cycle
     gathers gradients and nearly none when almost every cycle is empty (hand-computed)."""
     net = zoo.get("resnet8")
@@ -171,7 +201,7 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
         kw = dict(learners_per_host=per_host, hosts=hosts, sub_batch=b, network_time_s=net_s)
         r = hf.runtime_times(net, rt, m, **kw)
         t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
-        share = 1.0 - np.exp(-hosts * per_host * t_u / t_c)
+        share = _share(hosts * per_host, r)
         stretch = 1.5 if hosts > 1 else 1.0
         u0 = float(hf.runtime_update_time_s(net, rt, base, hosts, per_host, net_s, sharing_learners=hosts * per_host,
                                             sub_batch=b, nonempty=0.0))
@@ -199,7 +229,8 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
 
     d, h = float(jax.grad(t_u_of)(t_a)), 2e-4
     assert d == pytest.approx((float(t_u_of(t_a + h)) - float(t_u_of(t_a - h))) / (2 * h), rel=1e-2)
-    assert 0.5 < d < 1.0  # most of these cycles gather gradients
+    # Most of these cycles gather gradients (a longer applying cycle also makes the next one likelier to apply).
+    assert 0.5 < d < 1.05
 
 
 def test_runtime_updater_queue_once_the_learners_fill_the_cores():
@@ -248,7 +279,7 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
     for shared in (0.0, 1.0):
         r = hf.runtime_times(net, rt, m, shared=shared, **kw)
         t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
-        share = 1.0 - np.exp(-6 * t_u / t_c)
+        share = _share(6, r)
         rho = min(0.95, 6 * g / t_c)
         u0 = float(hf.runtime_update_time_s(net, rt, base, 1, 6, 0.004, sub_batch=8.0, nonempty=share))
         assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * w * t_c * share, rel=2e-3)

@@ -11,7 +11,7 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     t_{cores} = \frac{N\,(p_N(b)\,T_c(b) + g)}{C - H \beta c_u}, \quad
     p_N(b) = 1 + (p - 1)\frac{b}{b + b_p}\big(1 - \tfrac{C}{N}\big)^+, \\
     T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
-    \rho = \min(0.95, N_h g / T_c), \quad a = 1 - e^{-N_{all} T_u / T_c}, \\
+    \rho = \min(0.95, N_h g / T_c), \quad a = \frac{p_E}{1 - p_A + p_E}, \quad p_X = 1 - e^{-N_{all} T_X / T_c}, \\
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
                 + (t_{prog} + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1]), \quad
@@ -24,7 +24,8 @@ host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_
 lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` once the learners fill the cores
 (``u = clip(N - C + 1, 0, 1)``), paid like ``w`` by each updater program (an applied update, an all-reduce);
 ``t_apply`` = ``updater_apply_s`` and the host passes paid by the cycles that apply, the share ``a`` of them
-(Poisson arrivals; :func:`runtime_times` iterates the coupled pair); ``T_empty`` and ``T_apply`` are the two
+(Poisson arrivals, each cycle gathering what arrived during the one before: :func:`applying_share`;
+:func:`runtime_times` iterates the coupled pair); ``T_empty`` and ``T_apply`` are the two
 kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``z`` =
 ``updater_sync_per_learner_s`` (co-located hosts), ``beta_host`` the updater's streaming bandwidth, ``t_net``
 the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
@@ -53,8 +54,8 @@ from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
 __all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
-           "RUNTIME_SHARPNESS", "RuntimeTimes", "host_json", "learner_host_s", "load_host", "make_host", "neutral",
-           "nonempty_probability", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped",
+           "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s", "load_host",
+           "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped",
            "step_cores", "with_figures"]
 
 RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
@@ -252,6 +253,20 @@ def nonempty_probability(gradients_per_cycle: jax.Array) -> jax.Array:
     return -jnp.expm1(-jnp.maximum(gradients_per_cycle, 0.0))
 
 
+def applying_share(rate: jax.Array, t_empty: jax.Array, t_applying: jax.Array) -> jax.Array:
+    """Share of updater cycles that apply an update, gradients arriving at ``rate`` (per second, Poisson).
+
+    A cycle gathers what arrived during the one before, so the cycles are a two-state chain: after an empty
+    cycle (``t_empty`` long) the next applies with ``p_e = 1 - exp(-rate t_empty)``, after an applying one
+    (``t_applying``) with ``p_a``; its stationary share is ``p_e / (1 - p_a + p_e)``. With both kinds equally
+    long it is :func:`nonempty_probability` of the mean count; a long applying cycle beside short empty ones
+    (an updater cycling back to back) makes fewer, fuller updates than that mean suggests.
+    """
+    p_e = nonempty_probability(rate * t_empty)
+    p_a = nonempty_probability(rate * t_applying)
+    return p_e / jnp.maximum(1.0 - p_a + p_e, 1e-12)
+
+
 def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy,
                    updater_load=None):
     """:func:`runtime_compute_time_s` from its device step ``step`` (computed once by the callers)."""
@@ -374,7 +389,10 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
                              beta, updaters * beta)
         return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + per_program + t_wait
 
-    t_own, t_u, t_c, t_e, t_a = cycles(1.0, step)
-    for _ in range(RUNTIME_ITERATIONS):
-        t_own, t_u, t_c, t_e, t_a = cycles(nonempty_probability(per_host * h * t_u / t_c), t_c)
+    def iterate(_, state):  # a loop, not unrolled: one copy of the cycle in the compiled fits and their Jacobians
+        _, _, t_c, t_e, t_a = state
+        return tuple(jnp.asarray(x, jnp.float32) for x in cycles(applying_share(per_host * h / t_c, t_e, t_a), t_c))
+
+    start = tuple(jnp.asarray(x, jnp.float32) for x in cycles(1.0, step))
+    t_own, t_u, t_c, t_e, t_a = jax.lax.fori_loop(0, RUNTIME_ITERATIONS, iterate, start)
     return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u, t_e, t_a)
