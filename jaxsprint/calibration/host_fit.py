@@ -42,11 +42,9 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
-           "RUNTIME_BOUNDS", "RUNTIME_FIELDS",
-           "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
-           "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "gradient_step_seconds",
-           "input_per_sample", "predict_runs",
-           "sensitivities", "with_figures"]
+           "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD",
+           "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device",
+           "fit_runtime", "gradient_step_seconds", "input_per_sample", "predict_runs", "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
@@ -86,10 +84,8 @@ SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with t
 UNDETERMINED_RSE = 1.0
 # A run's two kinds of updater cycle (empty, applying) enter the fit where each kind has this many cycles.
 MIN_SPLIT_CYCLES = 30
-# Figures the shipped calibration's data cannot determine (fitted, each ran onto its lower bound, where the form
-# is flat in it): experiments/calibrate_runtime.py holds them at these values, fit_all(fixed=FIXED), instead of
-# fitting them. {field: (value, the reason, which becomes its source)}.
-# The default calibration holds those of ALWAYS_FIXED whatever its runs, the others where the runs leave them loose.
+# Figures a calibration's data may not determine, each with its value and reason (which becomes its source):
+# experiments/calibrate_runtime.py always holds those of ALWAYS_FIXED, the rest with fix_undetermined=False.
 FIXED = {
     "step_overhead_s": (0.0, "fixed at 0, not fitted: five lone steps at sub-batch 8-128 cannot tell a fixed cost "
                              "per step from the small-batch slowdown (half_efficiency_batch); fitted, it ran onto "
