@@ -29,8 +29,9 @@ are refitted to the OTHER runs of the grid (:func:`jaxsprint.calibration.host_fi
 both predictions with the current model and preset (the specs one from the config with the overrides saved in
 ``results.json``). ``repeat_of`` (an earlier --out of the same grid) adds the source ``repeat``: each run's
 statistics against the earlier measurement of its configuration, how far this machine repeats itself. The
-``--config.<field>`` overrides outside ``config.validation`` are passed to every run (not those of the fields a grid entry sets: ``learners_per_host``, ``sub_batch``, ``network_time_s``, the
-stops and the warm-up), and every run's config is checked before the first starts.
+``--config.<field>`` overrides outside ``config.validation`` are passed to every run (not those of the fields a
+grid entry sets: ``learners_per_host``, ``sub_batch``, ``network_time_s``, the stops and the warm-up), and
+every run's config is checked before the first starts.
 """
 import copy
 import csv

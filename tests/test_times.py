@@ -94,8 +94,7 @@ def test_the_applying_share_is_that_of_the_updater_loop():
     rng = np.random.default_rng(0)
     for rate, t_e, t_a in ((900.0, 3e-4, 1.7e-3), (300.0, 2.6e-4, 3.5e-3), (50.0, 1e-3, 1e-3), (2e3, 1e-4, 1e-2)):
         applying, last = 0, t_e
-        counts = rng.poisson(rate * t_e, 1)  # warm start; the loop draws each cycle's arrivals from the last
-        for _ in range(100_000):
+        for _ in range(100_000):  # each cycle gathers the arrivals during the last one
             counts = rng.poisson(rate * last)
             last = t_a if counts > 0 else t_e
             applying += counts > 0

@@ -55,8 +55,8 @@ from jaxsprint.perf.times import compute_time_s
 
 __all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
            "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s", "load_host",
-           "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times", "runtime_update_time_s", "shipped",
-           "step_cores", "with_figures"]
+           "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
+           "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
 
 RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
@@ -389,10 +389,12 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
                              beta, updaters * beta)
         return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + per_program + t_wait
 
-    def iterate(_, state):  # a loop, not unrolled: one copy of the cycle in the compiled fits and their Jacobians
-        _, _, t_c, t_e, t_a = state
-        return tuple(jnp.asarray(x, jnp.float32) for x in cycles(applying_share(per_host * h / t_c, t_e, t_a), t_c))
+    def state(nonempty, t_c_before):  # float32 throughout: the loop's carry keeps one type
+        return tuple(jnp.asarray(x, jnp.float32) for x in cycles(nonempty, t_c_before))
 
-    start = tuple(jnp.asarray(x, jnp.float32) for x in cycles(1.0, step))
-    t_own, t_u, t_c, t_e, t_a = jax.lax.fori_loop(0, RUNTIME_ITERATIONS, iterate, start)
+    def iterate(_, s):  # a loop, not unrolled: one copy of the cycle in the compiled fits and their Jacobians
+        _, _, t_c, t_e, t_a = s
+        return state(applying_share(per_host * h / t_c, t_e, t_a), t_c)
+
+    t_own, t_u, t_c, t_e, t_a = jax.lax.fori_loop(0, RUNTIME_ITERATIONS, iterate, state(1.0, step))
     return RuntimeTimes(t_c, t_u, jnp.asarray(host.learner_cv, jnp.float32), host.updater_cv * t_own / t_u, t_e, t_a)
