@@ -7,8 +7,9 @@ r"""Measures and fits the runtime figures of this machine: one calibration per m
 The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
 (network, data, optimizer) with ``config.calibration``, what is measured and fitted. The calibration set:
   1. one learner's gradient step (the runtime's own jitted gradient, wall time) at ``sub_batches``, every
-     sample kept (the fit takes their mean), the cores that step keeps busy, and its input draw (host work
-     per sample);
+     sample kept (the fit takes their mean), timed again after the design's runs (``rounds_after``: the
+     mean then covers the machine's speed over the whole calibration; a change of more than 10% is
+     reported), the cores that step keeps busy, and its input draw (host work per sample);
   2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
   3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
@@ -83,6 +84,7 @@ _RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_upd
 # A lone step whose trimmed mean exceeds its best round's median this much was timed on a busy machine.
 _BUSY = 1.15
 _RETRIES = 2  # times a disturbed lone-step timing is measured again
+_DRIFT = 0.10  # lone steps after the runs this much slower or faster than before: the machine's speed moved
 # Kept where measured (the logs of before these statistics lack them): the updater's empty and applying cycles.
 _SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
 
@@ -121,7 +123,10 @@ def check_plan(config, sub_batches, learners, network_times):
     check(is_real(k.step_time_s) and 0 < k.step_time_s <= MAX_SECONDS, "config.calibration.step_time_s",
           k.step_time_s, f"a number of seconds in (0, {MAX_SECONDS:g}]")
     check(is_int(k.rounds) and k.rounds >= 1, "config.calibration.rounds", k.rounds, "an integer >= 1")
-    steps_s = 2 * k.rounds * len(sub_batches) * k.step_time_s  # the timing rounds, then the cores measurement
+    check(is_int(k.rounds_after) and 0 <= k.rounds_after <= 10, "config.calibration.rounds_after", k.rounds_after,
+          "an integer in [0, 10]")
+    # the timing rounds, the cores measurement, the rounds after the runs
+    steps_s = (2 * k.rounds + k.rounds_after) * len(sub_batches) * k.step_time_s
     check(steps_s <= MAX_SECONDS, "config.calibration.rounds", k.rounds,
           f"a count for which the gradient-step timing ({len(sub_batches)} sub-batches x step_time_s="
           f"{k.step_time_s} s, twice) takes at most {MAX_SECONDS:g} s")
@@ -139,6 +144,9 @@ def check_plan(config, sub_batches, learners, network_times):
                   f"a number of seconds in [{lo:g}, {MAX_SECONDS:g}]")
         check(k.run_max_duration_s > k.warmup_s, "config.calibration.run_max_duration_s", k.run_max_duration_s,
               f"longer than config.calibration.warmup_s={k.warmup_s}")
+        check(is_real(k.run_min_measure_s) and 0 <= k.run_min_measure_s <= k.run_max_duration_s - k.warmup_s,
+              "config.calibration.run_min_measure_s", k.run_min_measure_s,
+              f"a number of seconds in [0, run_max_duration_s - warmup_s = {k.run_max_duration_s - k.warmup_s:g}]")
         check(k.run_timeout_s > k.run_max_duration_s + k.run_startup_s, "config.calibration.run_timeout_s",
               k.run_timeout_s, "longer than config.calibration.run_max_duration_s + run_startup_s")
         for name in ("run_min_gradients", "run_min_updates"):
@@ -164,6 +172,25 @@ def check_plan(config, sub_batches, learners, network_times):
                 raise
             raise ConfigError(f"config.calibration.{name}", getattr(k, name), f"{e.allowed} (as {e.field} of "
                                                                               "the measurement)") from None
+
+
+def merge_lone_steps(before, after):
+    """One record per sub-batch of two timings of the lone steps (before and after the runtime runs, each as
+    :func:`measure` makes them): every sample of both (the fit takes their trimmed mean, so the machine's
+    speed over the whole calibration), the better best-round median, and each timing's trimmed mean
+    (``before_s``, ``after_s``) with ``drift = after_s / before_s - 1``."""
+    from jaxsprint.calibration import host_fit
+
+    later = {g["sub_batch"]: g for g in after}
+    out = []
+    for g in before:
+        a = later[g["sub_batch"]]
+        samples = list(g["samples"]) + list(a["samples"])
+        t0, t1 = host_fit.gradient_step_seconds(g), host_fit.gradient_step_seconds(a)
+        out.append(dict(sub_batch=g["sub_batch"], measured_s=min(g["measured_s"], a["measured_s"]),
+                        mean_s=float(sum(samples) / len(samples)), samples=samples, before_s=t0, after_s=t1,
+                        drift=t1 / t0 - 1.0))
+    return out
 
 
 def runs_from(path):
@@ -205,8 +232,8 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
     from jaxsprint.calibration import host_fit
 
-    def lone_steps(batches):
-        steps = timing.measure_gradient_steps(config, batches, rounds=k.rounds, min_time_s=k.step_time_s, log=log)
+    def lone_steps(batches, rounds=k.rounds):
+        steps = timing.measure_gradient_steps(config, batches, rounds=rounds, min_time_s=k.step_time_s, log=log)
         return [dict(sub_batch=b, measured_s=t, mean_s=float(sum(s) / len(s)), samples=s)
                 for b, (t, s) in zip(batches, steps)]
 
@@ -246,6 +273,16 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         runs, learners = list(runs), []
     elif k.runs == "design":
         runs, chosen = measure_design(config, out, log=log)
+        if k.rounds_after:  # the machine's speed may have moved during the runs: the fit takes both timings
+            after = lone_steps(sub_batches, k.rounds_after)
+            out["gradient_steps"] = merge_lone_steps(gradient_steps, after)
+            drift = [g["drift"] for g in out["gradient_steps"]]
+            log("lone step after the runs: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['after_s']:.2f} ms "
+                                                          f"({100 * g['drift']:+.0f}%)" for g in out["gradient_steps"]))
+            if max(abs(d) for d in drift) > _DRIFT:
+                log(f"WARNING: the lone steps took {100 * min(drift):+.0f}% to {100 * max(drift):+.0f}% as long "
+                    "after the runs as before them: this machine's speed changed during the calibration (other "
+                    "work on it); the fit takes both, but a calibration on a quiet machine repeats itself better")
         return dict(out, runs=runs, design=chosen)
     else:
         runs = []
@@ -327,7 +364,8 @@ def measure_design(config, measured, log=print):
         n = e.hosts * e.learners_per_host
         plan.append(runtime_runs.plan_duration(tc, tu, n, min_gradients=k.run_min_gradients,
                                                min_updates=k.run_min_updates, warmup_s=k.warmup_s,
-                                               max_duration_s=k.run_max_duration_s))
+                                               max_duration_s=k.run_max_duration_s,
+                                               min_measure_s=k.run_min_measure_s))
         applying = -math.expm1(-n * tu / tc)  # the share of cycles that gather a gradient (Poisson)
         cycles = (plan[-1] - k.warmup_s) / tu
         split.append(min(applying, 1.0 - applying) * cycles >= host_fit.MIN_SPLIT_CYCLES)  # both kinds measured

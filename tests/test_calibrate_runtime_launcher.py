@@ -68,6 +68,10 @@ def test_bad_config_values_exit_2(tmp_path):
     r = _run(f"--out={tmp_path / 'x.json'}", k + "step_time_s=0")
     assert r.returncode == 2 and "error: invalid config.calibration.step_time_s=0" in r.stderr
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "x.json")
+    for bad in ("rounds_after=-1", "run_min_measure_s=19"):
+        r = _run(f"--out={tmp_path / 'x.json'}", k + bad)
+        assert r.returncode == 2 and f"error: invalid config.calibration.{bad}" in r.stderr
+        assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "x.json")
     r = _run(f"{k}measurements={tmp_path / 'missing.json'}", k + "fit_only=True")
     assert r.returncode == 2 and "error: invalid config.calibration.measurements=" in r.stderr
     r = _run(f"--out={tmp_path / 'x.json'}", k + "no_such=1")
@@ -122,9 +126,15 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     k = "--config.calibration."
     r = _run("--config.image_size=8", f"{k}measurements={cal}", f"--out={out}", f"{k}budget_s=60",
              f"{k}run_max_duration_s=4", f"{k}warmup_s=1", f"{k}rounds=1", f"{k}step_time_s=0.3",
-             f"{k}run_startup_s=12")
+             f"{k}run_startup_s=12", f"{k}run_min_measure_s=2", f"{k}rounds_after=1")
     assert r.returncode == 0, r.stderr[-3000:]
     meas = json.loads(cal.read_text())["measurements"]
+    # The lone steps were timed again after the runs: each record keeps both timings and their drift.
+    assert "lone step after the runs" in r.stdout
+    for g in meas["gradient_steps"]:
+        assert g["drift"] == pytest.approx(g["after_s"] / g["before_s"] - 1) and g["after_s"] > 0
+    # Every run measures at least run_min_measure_s after its warm-up.
+    assert all(s >= 1 + 2 for s in meas["design"]["planned_s"])
     design = meas["design"]
     # Every chosen run is measured, in order, but for one that failed: it is reported on a line and left out.
     failed = {ln.partition(": FAILED")[0] for ln in r.stdout.splitlines() if ": FAILED" in ln}
@@ -140,6 +150,34 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     assert [d["sub_batch"] for d in meas["input_draws"]] == [d["sub_batch"] for d in meas["gradient_steps"]]
     assert data["host"]["figures"]["learner_input_per_sample_s"] == pytest.approx(
         data["fit"]["stages"]["input_per_sample_s"], rel=1e-3)
+
+
+def test_lone_steps_before_and_after_the_runs_are_merged():
+    """The fit takes every sample of both timings; the record keeps each timing's trimmed mean and the drift."""
+    sys.path.insert(0, ROOT)
+    from experiments import calibrate_runtime as cr
+    from jaxsprint.calibration import host_fit
+
+    def rec(b, t, n):
+        return dict(sub_batch=b, measured_s=t, mean_s=t, samples=[t] * n)
+
+    merged = cr.merge_lone_steps([rec(8, 1e-3, 10), rec(32, 4e-3, 10)], [rec(32, 5e-3, 10), rec(8, 1e-3, 30)])
+    assert [g["sub_batch"] for g in merged] == [8, 32]
+    assert merged[0]["drift"] == pytest.approx(0.0) and len(merged[0]["samples"]) == 40
+    assert merged[1]["drift"] == pytest.approx(0.25) and merged[1]["measured_s"] == pytest.approx(4e-3)
+    assert host_fit.gradient_step_seconds(merged[1]) == pytest.approx(4.5e-3)
+    assert (merged[1]["before_s"], merged[1]["after_s"]) == pytest.approx((4e-3, 5e-3))
+
+
+def test_a_run_measures_at_least_its_minimum_after_the_warm_up():
+    sys.path.insert(0, ROOT)
+    from experiments import runtime_runs
+
+    short = dict(min_gradients=10, min_updates=10, warmup_s=2.0, max_duration_s=20.0)
+    assert runtime_runs.plan_duration(1e-3, 1e-3, 1, **short) == pytest.approx(2.0 + 1.3 * 0.01 + 1.0)
+    assert runtime_runs.plan_duration(1e-3, 1e-3, 1, min_measure_s=6.0, **short) == pytest.approx(8.0)
+    assert runtime_runs.plan_duration(1.0, 1.0, 1, min_measure_s=6.0, **short) == pytest.approx(16.0)
+    assert runtime_runs.plan_duration(10.0, 10.0, 1, min_measure_s=6.0, **short) == pytest.approx(20.0)
 
 
 @pytest.mark.parametrize("quiet_after", [1, None])

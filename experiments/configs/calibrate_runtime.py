@@ -25,15 +25,17 @@ def get_config() -> ml_collections.ConfigDict:
     # 1. One learner's gradient step.
     k.sub_batches = (8, 16, 32, 64, 128)  # single-learner sub-batches
     k.rounds = 3                    # interleaved rounds of the single-learner timing
+    k.rounds_after = 2              # its rounds again after the design's runs (0: none); the fit takes both
     k.step_time_s = 1.0             # seconds of each sub-batch's steps per round (and of its cores measurement)
     # 2. Runtime runs, unless runs_from gives them. design: runs chosen from the figures' sensitivities
     # (jaxsprint.calibration.design: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms, both updater
     # placements; one run of every (hosts, placement, network or not) first), each its own processes;
     # grid: the one-host runs of learners x network_times at run_sub_batch below, in this process.
     k.runs = "design"
-    k.budget_s = 330.0              # design: seconds of runs (each run's start-up and length) it may spend
+    k.budget_s = 360.0              # design: seconds of runs (each run's start-up and length) it may spend
     k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
     k.run_min_updates = 150         # design: updates after the warm-up each run is planned for
+    k.run_min_measure_s = 6.0       # design: seconds each run measures after its warm-up at least
     k.run_max_duration_s = 20.0     # design: longest run (s)
     k.run_startup_s = 15.0          # design: a run's start-up (imports, data; the runs share a compilation cache)
     k.run_timeout_s = 300.0         # design: stop a run's processes after this long (s)
