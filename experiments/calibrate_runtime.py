@@ -129,7 +129,7 @@ def check_plan(config, sub_batches, learners, network_times):
     steps_s = (2 * k.rounds + k.rounds_after) * len(sub_batches) * k.step_time_s
     check(steps_s <= MAX_SECONDS, "config.calibration.rounds", k.rounds,
           f"a count for which the gradient-step timing ({len(sub_batches)} sub-batches x step_time_s="
-          f"{k.step_time_s} s, twice) takes at most {MAX_SECONDS:g} s")
+          f"{k.step_time_s} s, twice, and rounds_after={k.rounds_after} rounds more) takes at most {MAX_SECONDS:g} s")
     check(len(learners) * len(network_times) * k.duration_s <= MAX_SECONDS, "config.calibration.duration_s",
           k.duration_s, f"a length for which the {len(learners) * len(network_times)} runtime runs take at most "
                         f"{MAX_SECONDS:g} s")
