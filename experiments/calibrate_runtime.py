@@ -13,8 +13,9 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
   2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
   3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
-     sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), each as its
-     own processes (``experiments.runtime_runs``); ``runs=grid`` the one-host runs of ``learners`` x
+     sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), the runs
+     of one process layout in a row in the same processes (``experiments.runtime_runs.run_series``: the
+     design prices a run by the start-up and compilation it adds); ``runs=grid`` the one-host runs of ``learners`` x
      ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
      ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
@@ -138,7 +139,7 @@ def check_plan(config, sub_batches, learners, network_times):
           "True or False")
     if k.runs == "design":
         for name, lo in (("budget_s", 1.0), ("run_max_duration_s", 1.0), ("run_startup_s", 0.0),
-                         ("run_timeout_s", 1.0)):
+                         ("run_segment_s", 0.0), ("run_compile_s", 0.0), ("run_timeout_s", 1.0)):
             v = k[name]
             check(is_real(v) and lo <= v <= MAX_SECONDS, f"config.calibration.{name}", v,
                   f"a number of seconds in [{lo:g}, {MAX_SECONDS:g}]")
@@ -345,6 +346,7 @@ def measure_design(config, measured, log=print):
     design (the runs chosen, their planned lengths, the predicted relative standard errors)."""
     import shutil
     import tempfile
+    import time
 
     from experiments import runtime_runs
     from jaxsprint.calibration import compare, design, host_fit
@@ -371,35 +373,53 @@ def measure_design(config, measured, log=print):
         split.append(min(applying, 1.0 - applying) * cycles >= host_fit.MIN_SPLIT_CYCLES)  # both kinds measured
     fields = [f for f in host_fit.RUNTIME_FIELDS if f not in host_fit.ALWAYS_FIXED]
     jac = design.sensitivities(machine, host, net, pool, fields, split)
-    cost = [k.run_startup_s + d for d in plan]
-    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4)
+    layout = [runtime_runs.same_processes(e) for e in pool]
+
+    def extra_s(i, chosen):  # the series' processes, if none is started yet; the step for a new sub-batch
+        same = [pool[j].sub_batch for j in chosen if layout[j] == layout[i]]
+        compile_s = k.run_compile_s * pool[i].hosts * pool[i].learners_per_host
+        return (0.0 if same else k.run_startup_s) + (0.0 if pool[i].sub_batch in same else compile_s)
+
+    cost = [k.run_segment_s + d for d in plan]
+    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4, extra_s=extra_s)
     rse = design.predicted_rel_std_error(jac, chosen, blocks=4)
+    series = {}
+    for i in chosen:  # the runs of one layout in a row, in the order chosen
+        series.setdefault(layout[i], []).append(i)
+    planned = sum(cost[i] + extra_s(i, chosen[:n]) for n, i in enumerate(chosen))
     chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
+                         series=[[pool[i].name for i in s] for s in series.values()],
                          predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
-    log(f"design: {len(chosen)} runs, about {sum(cost[i] for i in chosen):.0f} s; predicted relative standard errors "
-        + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
+    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s; predicted relative standard "
+        "errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
     records = []
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
-        for i in chosen:
-            e = pool[i]
+        for n, members in enumerate(series.values()):
+            entries = [pool[i] for i in members]
+            start = time.monotonic()
             try:
-                res = runtime_runs.run_entry(e, os.path.join(root, e.name), config_file=config_file,
-                                             overrides=overrides, machine_args=["--machine=cpu_runtime"],
-                                             duration_s=plan[i], warmup_s=k.warmup_s, timeout_s=k.run_timeout_s,
-                                             specs=False, compile_cache_dir=os.path.join(root, "compile-cache"))
-            except RuntimeError as err:  # one failed run does not end the calibration; it is reported
-                log(f"{e.name}: FAILED: {err}")
+                results = runtime_runs.run_series(entries, [plan[i] for i in members], os.path.join(root, f"series{n}"),
+                                                  config_file=config_file, overrides=overrides,
+                                                  machine_args=["--machine=cpu_runtime"], warmup_s=k.warmup_s,
+                                                  timeout_s=k.run_timeout_s * len(members), specs=False,
+                                                  compile_cache_dir=os.path.join(root, "compile-cache"))
+            except RuntimeError as err:  # one failed series does not end the calibration; it is reported
+                log(f"series of {', '.join(e.name for e in entries)}: FAILED: {err}")
                 continue
-            m = res["measured"]
-            rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
-                       updater_device=e.updater_device, **_measured(m))
-            records.append(rec)
-            log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
-                f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
-                f"{rec['updates']} updates")
+            took = time.monotonic() - start
+            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned "
+                f"{sum(cost[i] + extra_s(i, members[:m]) for m, i in enumerate(members)):.0f} s)")
+            for e, res in zip(entries, results):
+                m = res["measured"]
+                rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
+                           updater_device=e.updater_device, **_measured(m))
+                records.append(rec)
+                log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
+                    f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
+                    f"{rec['updates']} updates")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return records, chosen_design

@@ -7,6 +7,8 @@ one process per host on loopback (``jax.distributed`` through the three flags), 
 process killed at the end. With ``compile_cache_dir`` the runs share JAX's persistent compilation cache: a
 run whose programs an earlier run compiled starts in about 7 s instead of 15-25 s (the programs, so the
 timings, are the same); the caller owns the folder and removes it (it is this machine's code, keep it local).
+`run_series` runs several configurations of one process layout (hosts, learners, updater placement) in a row
+in the same processes (``run_sprint.py --series``): each after the first saves the start-up, 8-15 s here.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Sequence
 from jaxsprint import subprocs
 from jaxsprint.calibration import grids
 
-__all__ = ["SET_BY_ENTRY", "plan_duration", "run_entry"]
+__all__ = ["SET_BY_ENTRY", "plan_duration", "run_entry", "run_series", "same_processes"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The config fields run_entry sets for every run (an override of them would be ignored).
@@ -62,7 +64,33 @@ def run_entry(entry: grids.Entry, workdir: str, *, config_file: str, overrides: 
     Raises:
       RuntimeError: a process failed (with its last stderr line), outlived ``timeout_s`` or printed no JSON.
     """
-    name, hosts, lph, b, net_ms, where = entry
+    return run_series([entry], [duration_s], workdir, config_file=config_file, overrides=overrides,
+                      machine_args=machine_args, warmup_s=warmup_s, timeout_s=timeout_s, specs=specs,
+                      compile_cache_dir=compile_cache_dir)[0]
+
+
+def same_processes(entry: grids.Entry) -> tuple:
+    """What entries must share to run in one series: hosts, learners per host, updater placement."""
+    return entry.hosts, entry.learners_per_host, entry.updater_device
+
+
+def run_series(entries: Sequence[grids.Entry], durations_s: Sequence[float], workdir: str, *, config_file: str,
+               overrides: Sequence[str], machine_args: Sequence[str], warmup_s: float, timeout_s: float,
+               specs: bool = True, compile_cache_dir: str | None = None) -> list[dict]:
+    """:func:`run_entry` for several entries of one process layout (:func:`same_processes`) in a row in the
+    same processes, each ``durations_s`` long; ``timeout_s`` bounds the whole series. Returns process 0's JSON
+    of each entry, in order.
+
+    Raises:
+      ValueError: entries of different process layouts, or not one duration per entry.
+      RuntimeError: as :func:`run_entry` (a failure ends the series; none of its results is returned).
+    """
+    if not entries or len(durations_s) != len(entries) or len({same_processes(e) for e in entries}) != 1:
+        raise ValueError("run_series needs entries of one process layout (hosts, learners per host, updater "
+                         "placement) and one duration each")
+    name = entries[0].name if len(entries) == 1 else f"{entries[0].name} (+{len(entries) - 1} in series)"
+    _, hosts, lph, b, net_ms, where = entries[0]
+    duration_s = durations_s[0]
     os.makedirs(workdir, exist_ok=True)
     args = [sys.executable, os.path.join(_HERE, "run_sprint.py"), "--json", f"--config={config_file}",
             *overrides, f"--config.sprint.learners_per_host={lph}", f"--config.sprint.sub_batch={b}",
@@ -70,6 +98,9 @@ def run_entry(entry: grids.Entry, workdir: str, *, config_file: str, overrides: 
             "--config.sprint.num_updates=0", "--config.sprint.num_epochs=0.0",
             f"--config.sprint.warmup_s={warmup_s}", "--config.sprint.checkpoint=False",
             "--config.sprint.eval_every_updates=0", *machine_args]
+    if len(entries) > 1:
+        args.append("--series=" + ",".join(f"{e.sub_batch}:{e.network_ms / 1e3}:{d}"
+                                           for e, d in zip(entries, durations_s)))
     if not specs:  # nor from timings: the measured statistics alone
         args += ["--nospecs", "--nopredict"]
     set_where = next((a.partition("=")[2] for a in overrides if a.startswith("--config.sprint.updater_device=")), None)
@@ -112,7 +143,8 @@ def run_entry(entry: grids.Entry, workdir: str, *, config_file: str, overrides: 
             raise RuntimeError(f"run {name} process {p} failed (exit {proc.returncode}): "
                                f"{lines[-1] if lines else 'no message'}")
     with open(os.path.join(workdir, "stdout0.txt")) as fh:
-        line = next((ln for ln in fh.read().splitlines() if ln.startswith("{")), None)
-    if line is None:
-        raise RuntimeError(f"run {name} printed no JSON (see {workdir}/stdout0.txt)")
-    return json.loads(line)
+        lines = [ln for ln in fh.read().splitlines() if ln.startswith("{")]
+    if len(lines) != len(entries):
+        raise RuntimeError(f"run {name} printed {len(lines)} JSON reports, not {len(entries)} "
+                           f"(see {workdir}/stdout0.txt)")
+    return [json.loads(ln) for ln in lines]

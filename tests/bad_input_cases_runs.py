@@ -119,6 +119,14 @@ def run_sprint_cases():
          "--coordinator_address"),
         (r + ["--num_processes=abc"], "--num_processes"),
         (r + ["extra"], "arguments"), (r + ["--no_such_flag=1"], "no_such_flag"),
+        # A series of runs in the same processes: every item checked before anything runs.
+        (r + ["--series=32:0"], "--series"), (r + ["--series=0:0:5"], "--series"),
+        (r + ["--series=32:-1:5"], "--series"), (r + ["--series=32:0:0"], "--series"),
+        (r + ["--series=32:0:nan"], "--series"), (r + ["--series=x:0:5"], "--series"),
+        (r + ["--series=32:0:5,16:0.02"], "--series"), (r + ["--series="], "--series"),
+        (r + ["--series=32:0:5", "--plot=p.png"], "--series"),
+        (["--events=good_events.npz", "--specs=False", "--series=32:0:5"], "--series"),
+        (r + ["--series=32:0:5,99999:0:5"], "config.sprint.sub_batch"),
     ]
     return cases
 
@@ -279,6 +287,7 @@ def calibrate_runtime_cases():
         ("allreduce=2", "allreduce"), ("fit_only=2", "fit_only"),
         ("runs=both", "runs"), ("budget_s=0", "budget_s"), ("budget_s=nan", "budget_s"),
         ("run_max_duration_s=1", "run_max_duration_s"), ("run_startup_s=-1", "run_startup_s"),
+        ("run_segment_s=-1", "run_segment_s"), ("run_compile_s=nan", "run_compile_s"),
         ("run_timeout_s=5", "run_timeout_s"), ("run_min_gradients=0", "run_min_gradients"),
         ("run_min_updates=1.5", "run_min_updates"), ("fix_undetermined=2", "fix_undetermined"),
         ("measurements=afile/m.json", "measurements"), ("measurements=w", "measurements"),

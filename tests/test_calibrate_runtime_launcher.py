@@ -119,14 +119,14 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
 
 
 def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
-    """The default path, at tiny sizes: lone steps, all-reduces, the design's runs (each its own processes,
-    one and two hosts; a run that fails is reported and left out) and the fit; the measurement file keeps the design and every run with its placement,
+    """The default path, at tiny sizes: lone steps, all-reduces, the design's runs (in series of one process
+    layout, one and two hosts; a series that fails is reported and left out) and the fit; the measurement file keeps the design and every run with its placement,
     and the preset is a --machine_file every figure of which has a source."""
     cal, out = tmp_path / "cal.json", tmp_path / "preset.json"
     k = "--config.calibration."
     r = _run("--config.image_size=8", f"{k}measurements={cal}", f"--out={out}", f"{k}budget_s=60",
              f"{k}run_max_duration_s=4", f"{k}warmup_s=1", f"{k}rounds=1", f"{k}step_time_s=0.3",
-             f"{k}run_startup_s=12", f"{k}run_min_measure_s=2", f"{k}rounds_after=1")
+             f"{k}run_startup_s=6", f"{k}run_min_measure_s=2", f"{k}rounds_after=1")
     assert r.returncode == 0, r.stderr[-3000:]
     meas = json.loads(cal.read_text())["measurements"]
     # The lone steps were timed again after the runs: each record keeps both timings and their drift.
@@ -136,10 +136,17 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     # Every run measures at least run_min_measure_s after its warm-up.
     assert all(s >= 1 + 2 for s in meas["design"]["planned_s"])
     design = meas["design"]
-    # Every chosen run is measured, in order, but for one that failed: it is reported on a line and left out.
-    failed = {ln.partition(": FAILED")[0] for ln in r.stdout.splitlines() if ": FAILED" in ln}
+    # The runs of one process layout (hosts, learners, placement) run in a row in the same processes: every
+    # chosen run is in one series, and every run is measured, series by series, but for those of a series that
+    # failed (reported on a line and left out).
+    series = design["series"]
+    assert sorted(c for s in series for c in s) == sorted(design["chosen"])
+    for s in series:
+        assert len({c.split("_b")[0] + c.rpartition("_")[2] for c in s}) == 1, s  # cal_h2_l4_..._own
+    failed = {c for ln in r.stdout.splitlines() if ": FAILED" in ln
+              for c in ln.partition(": FAILED")[0].removeprefix("series of ").split(", ")}
     assert len(design["chosen"]) >= 2 and len(meas["runs"]) >= 1
-    assert [x["label"] for x in meas["runs"]] == [c for c in design["chosen"] if c not in failed], r.stdout[-2000:]
+    assert [x["label"] for x in meas["runs"]] == [c for s in series for c in s if c not in failed], r.stdout[-2000:]
     assert {x["updater_device"] for x in meas["runs"]} <= {"shared", "own"} and len(meas["allreduces"]) == 4
     assert {x["hosts"] for x in meas["runs"]} <= {1, 2} and all(x["t_compute_s"] > 0 for x in meas["runs"])
     # Each run keeps its empty and applying updater cycles (None where it had none of a kind), which the fit uses.

@@ -57,3 +57,21 @@ def test_the_design_determines_more_than_one_host_runs():
     assert rse[stretch] < 1.0 and np.isinf(rse_old[stretch])
     for f in ("updater_shared_wait", "learner_step_cores"):
         assert rse[fields.index(f)] < 1.0, f
+
+
+def test_an_entry_costs_what_it_adds_to_the_entries_chosen_before_it():
+    """``extra_s``: runs 0 and 1 share processes, whose start (10 s) only the first of them pays. Run 2 sees a
+    figure as well as run 1 does and costs as little on its own, but once run 0 has started the processes,
+    run 1 is the cheaper and is taken; the budget counts each run at its price when it was chosen."""
+    jac = np.zeros((6, 2))
+    jac[0, 0], jac[1, 1], jac[2, 1] = 2.0, 1.0, 1.0
+    layout = ["p", "p", "q"]
+
+    def extra_s(i, chosen):
+        return 0.0 if any(layout[j] == layout[i] for j in chosen) else 10.0
+
+    assert design.select(jac, [1.0, 1.0, 1.0], 100.0, extra_s=extra_s)[:2] == [0, 1]
+    assert design.select(jac, [1.0, 1.0, 1.0], 12.0, extra_s=extra_s) == [0, 1]  # 11 + 1 s: run 2 no longer fits
+    assert design.select(jac, [1.0, 1.0, 1.0], 12.0, required=[2], extra_s=extra_s) == [2]  # 11 s; run 0: 11 more
+    with pytest.raises(ConfigError, match="budget_s"):
+        design.select(jac, [1.0, 1.0, 1.0], 20.0, required=[0, 2], extra_s=extra_s)  # 22 s required

@@ -87,3 +87,32 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, mess
 def test_a_missing_workdir_is_refused():
     r = _run([f"--config={CONFIG}"], timeout=300)
     assert r.returncode == 2 and "error: invalid --workdir=None" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_a_series_runs_its_configurations_in_a_row_in_the_same_processes(tmp_path):
+    """Two hosts (jax.distributed on 127.0.0.1), two configurations in one series: one report each, in order,
+    each with its own sub-batch and network time, and each run's log in its own workdir."""
+    sys.path.insert(0, ROOT)
+    from experiments import runtime_runs
+    from jaxsprint.calibration.grids import Entry
+
+    entries = [Entry("a", 2, 1, 8, 5, "own"), Entry("b", 2, 1, 16, 0, "own")]
+    with pytest.raises(ValueError, match="one process layout"):
+        runtime_runs.run_series([entries[0], Entry("c", 2, 2, 8, 5, "own")], [2.0, 2.0], str(tmp_path / "no"),
+                                config_file=CONFIG, overrides=[], machine_args=[], warmup_s=0.5, timeout_s=60)
+    assert not (tmp_path / "no").exists()
+    tiny = [a for a in TINY if "sub_batch" not in a and "network_time_s" not in a]
+    out = runtime_runs.run_series(entries, [2.5, 3.0], str(tmp_path / "s"), config_file=CONFIG,
+                                  overrides=["--config.model=tiny", "--config.image_size=8"], machine_args=[],
+                                  warmup_s=0.5, timeout_s=300, specs=False)
+    assert [o["series_index"] for o in out] == [0, 1]
+    for o, e, run in zip(out, entries, ("run0", "run1")):
+        m = o["measured"]
+        assert m["gradients"] > 0 and m["updates"] > 0 and m["num_hosts"] == 2
+        config = json.loads((tmp_path / "s" / run / "config.json").read_text())
+        assert config["sprint"]["sub_batch"] == e.sub_batch
+        assert config["sprint"]["network_time_s"] == pytest.approx(e.network_ms / 1e3)
+        log = events.statistics(events.load(str(tmp_path / "s" / run / "events.npz")))
+        assert log["gradients"] == m["gradients"] and log["sub_batch"] == e.sub_batch
+    assert out[0]["measured"]["t_update_s"] > 0.005 > out[1]["measured"]["t_update_s"]  # 5 ms network, then none

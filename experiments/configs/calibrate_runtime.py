@@ -29,16 +29,19 @@ def get_config() -> ml_collections.ConfigDict:
     k.step_time_s = 1.0             # seconds of each sub-batch's steps per round (and of its cores measurement)
     # 2. Runtime runs, unless runs_from gives them. design: runs chosen from the figures' sensitivities
     # (jaxsprint.calibration.design: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms, both updater
-    # placements; one run of every (hosts, placement, network or not) first), each its own processes;
+    # placements; one run of every (hosts, placement, network or not) first), the runs of one process layout
+    # (hosts, learners, placement) in a row in the same processes;
     # grid: the one-host runs of learners x network_times at run_sub_batch below, in this process.
     k.runs = "design"
-    k.budget_s = 360.0              # design: seconds of runs (each run's start-up and length) it may spend
+    k.budget_s = 400.0              # design: seconds of runs (each run's start-up and length) it may spend
     k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
-    k.run_min_updates = 150         # design: updates after the warm-up each run is planned for
-    k.run_min_measure_s = 6.0       # design: seconds each run measures after its warm-up at least
+    k.run_min_updates = 100         # design: updates after the warm-up each run is planned for
+    k.run_min_measure_s = 4.0       # design: seconds each run measures after its warm-up at least
     k.run_max_duration_s = 20.0     # design: longest run (s)
-    k.run_startup_s = 15.0          # design: a run's start-up (imports, data; the runs share a compilation cache)
-    k.run_timeout_s = 300.0         # design: stop a run's processes after this long (s)
+    k.run_startup_s = 8.0           # design: starting a series' processes (interpreter, imports, JAX, data)
+    k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
+    k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner
+    k.run_timeout_s = 300.0         # design: stop a series' processes after this long per run in it (s)
     k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values
     k.learners = (1, 2, 4, 8)       # learner counts of the runtime runs
     k.network_times = (0.0, 0.02)   # emulated network times of the runs (s)

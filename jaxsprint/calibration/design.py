@@ -92,6 +92,7 @@ def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
 
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
            required: Sequence[int] = (), groups: Sequence | None = None, blocks: int = 2,
+           extra_s: Callable[[int, Sequence[int]], float] | None = None,
            log: Callable[[str], None] | None = None) -> list[int]:
     """The entries (indices into the rows of ``jac``, :func:`sensitivities`) a greedy D-optimal design picks.
 
@@ -99,7 +100,8 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
     or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
     first steps take only entries of a group no chosen entry has, until every group has one. ``blocks``: rows
-    per entry in ``jac`` (2, or 4 with the split cycles).
+    per entry in ``jac`` (2, or 4 with the split cycles). ``extra_s(i, chosen)``: what entry ``i`` costs beyond
+    ``cost_s[i]`` after the ``chosen`` ones (e.g. starting processes that no chosen entry has started already).
 
     Raises:
       ConfigError: costs that are not positive and finite, one per entry, or a budget below the required runs.
@@ -108,8 +110,15 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     cost = np.asarray(cost_s, np.float64)
     check(cost.shape == (n,) and bool(np.all(np.isfinite(cost) & (cost > 0))), "cost_s", tuple(cost_s),
           f"{n} finite costs > 0 (one per entry)")
-    chosen = list(required)
-    spent = float(cost[chosen].sum()) if chosen else 0.0
+
+    def price(i, before):
+        return float(cost[i]) + (float(extra_s(i, before)) if extra_s is not None else 0.0)
+
+    chosen = []
+    spent = 0.0
+    for i in required:
+        spent += price(i, chosen)
+        chosen.append(i)
     check(math.isfinite(budget_s) and spent <= budget_s, "budget_s", budget_s,
           f"at least the required runs' {spent:.0f} s")
     info = ridge * np.eye(jac.shape[1])
@@ -121,18 +130,21 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         best, best_gain = None, -math.inf
         missing = set(groups) - {groups[i] for i in chosen} if groups is not None else set()
         for i in range(n):
-            if i in chosen or spent + cost[i] > budget_s or (missing and groups[i] not in missing):
+            if i in chosen or (missing and groups[i] not in missing):
+                continue
+            c = price(i, chosen)
+            if spent + c > budget_s:
                 continue
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
-            gain = (val - base) / cost[i]
+            gain = (val - base) / c
             if gain > best_gain:
-                best, best_gain = i, gain
+                best, best_gain, best_cost = i, gain, c
         if best is None or (best_gain < 1e-6 and not missing):
             return chosen
         rows = _rows(jac, best, n, blocks)
         info = info + rows.T @ rows
         chosen.append(best)
-        spent += float(cost[best])
+        spent += best_cost
         if log:
-            log(f"design: + entry {best} ({cost[best]:.0f} s, {spent:.0f} s of {budget_s:.0f})")
+            log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
