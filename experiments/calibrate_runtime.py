@@ -175,25 +175,6 @@ def check_plan(config, sub_batches, learners, network_times):
                                                                               "the measurement)") from None
 
 
-def merge_lone_steps(before, after):
-    """One record per sub-batch of two timings of the lone steps (before and after the runtime runs, each as
-    :func:`measure` makes them): every sample of both (the fit takes their trimmed mean, so the machine's
-    speed over the whole calibration), the better best-round median, and each timing's trimmed mean
-    (``before_s``, ``after_s``) with ``drift = after_s / before_s - 1``."""
-    from jaxsprint.calibration import host_fit
-
-    later = {g["sub_batch"]: g for g in after}
-    out = []
-    for g in before:
-        a = later[g["sub_batch"]]
-        samples = list(g["samples"]) + list(a["samples"])
-        t0, t1 = host_fit.gradient_step_seconds(g), host_fit.gradient_step_seconds(a)
-        out.append(dict(sub_batch=g["sub_batch"], measured_s=min(g["measured_s"], a["measured_s"]),
-                        mean_s=float(sum(samples) / len(samples)), samples=samples, before_s=t0, after_s=t1,
-                        drift=t1 / t0 - 1.0))
-    return out
-
-
 def runs_from(path):
     """The runtime-run records of a validate_runtime.py ``results.json`` (one per run, as :func:`measure` makes)."""
     from jaxsprint.errors import ConfigError, check
@@ -276,7 +257,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         runs, chosen = measure_design(config, out, log=log)
         if k.rounds_after:  # the machine's speed may have moved during the runs: the fit takes both timings
             after = lone_steps(sub_batches, k.rounds_after)
-            out["gradient_steps"] = merge_lone_steps(gradient_steps, after)
+            out["gradient_steps"] = timing.merge_lone_steps(gradient_steps, after)
             drift = [g["drift"] for g in out["gradient_steps"]]
             log("lone step after the runs: " + ", ".join(f"b{g['sub_batch']} {1e3 * g['after_s']:.2f} ms "
                                                           f"({100 * g['drift']:+.0f}%)" for g in out["gradient_steps"]))

@@ -7,7 +7,8 @@ to log times with noise ``sigma`` per run, the figures' covariance is ``sigma^2 
 sensitivities ``d log T / d log theta`` of the chosen runs (two or four rows each). :func:`select` picks, from a pool
 of candidate configurations (:func:`candidates`: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms,
 both updater placements), the runs that most increase ``log det (J^T J + lambda I)`` per second of
-measuring (each run's start-up plus its planned length), until the budget is spent: the classic greedy
+measuring (each run's planned length plus what it adds to the runs chosen before it: ``select(extra_s=...)``,
+the start-up of processes and compilations no earlier run paid), until the budget is spent: the classic greedy
 algorithm for D-optimality with costs, after one run of every regime (:func:`strata`).
 :func:`predicted_rel_std_error` says before anything is measured how well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
 (``jaxsprint.calibration.host_fit.fit_all(fix_undetermined=True)``).

@@ -36,7 +36,7 @@ from jaxsprint.errors import ConfigError, check
 from jaxsprint.calibration.model_fit import AllreduceTiming
 
 __all__ = ["gradient_function", "measure_allreduce", "measure_gradient_cores", "measure_gradient_steps",
-           "measure_input_draws", "measure_train_steps", "runtime_network"]
+           "measure_input_draws", "measure_train_steps", "merge_lone_steps", "runtime_network"]
 
 
 def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
@@ -361,3 +361,22 @@ def measure_allreduce(ranks: int, sizes_bytes: Sequence[int], *, reps: int = 10,
     result = json.loads(line[len("RESULT "):])
     return [AllreduceTiming(float(k), int(ranks), float(v), f"allreduce {int(k)} B x {ranks}")
             for k, v in result.items()]
+
+
+def merge_lone_steps(before, after):
+    """One record per sub-batch of two timings of the lone steps (before and after the runtime runs, each as
+    ``experiments/calibrate_runtime.py`` makes them): every sample of both (the fit takes their trimmed mean,
+    so the machine's speed over the whole calibration), the better best-round median, each timing's trimmed mean
+    (``before_s``, ``after_s``) with ``drift = after_s / before_s - 1``."""
+    from jaxsprint.calibration import host_fit
+
+    later = {g["sub_batch"]: g for g in after}
+    out = []
+    for g in before:
+        a = later[g["sub_batch"]]
+        samples = list(g["samples"]) + list(a["samples"])
+        t0, t1 = host_fit.gradient_step_seconds(g), host_fit.gradient_step_seconds(a)
+        out.append(dict(sub_batch=g["sub_batch"], measured_s=min(g["measured_s"], a["measured_s"]),
+                        mean_s=float(sum(samples) / len(samples)), samples=samples, before_s=t0, after_s=t1,
+                        drift=t1 / t0 - 1.0))
+    return out
