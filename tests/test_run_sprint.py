@@ -102,7 +102,6 @@ def test_a_series_runs_its_configurations_in_a_row_in_the_same_processes(tmp_pat
         runtime_runs.run_series([entries[0], Entry("c", 2, 2, 8, 5, "own")], [2.0, 2.0], str(tmp_path / "no"),
                                 config_file=CONFIG, overrides=[], machine_args=[], warmup_s=0.5, timeout_s=60)
     assert not (tmp_path / "no").exists()
-    tiny = [a for a in TINY if "sub_batch" not in a and "network_time_s" not in a]
     out = runtime_runs.run_series(entries, [2.5, 3.0], str(tmp_path / "s"), config_file=CONFIG,
                                   overrides=["--config.model=tiny", "--config.image_size=8"], machine_args=[],
                                   warmup_s=0.5, timeout_s=300, specs=False)
