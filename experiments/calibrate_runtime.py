@@ -464,6 +464,11 @@ def main(argv):
     config = _CONFIG.value
     k = config.calibration
     out, meas_path = _OUT.value, k.measurements
+    from jaxsprint.train import cpu
+
+    # The runs' allocator policy for the lone steps too, before JAX starts its threads: with glibc's defaults a
+    # large step's buffers are fresh pages every time and its timing jumps (docs/calibration.md).
+    print(cpu.configure_host_memory(config.cpu_kernels), flush=True)
     cli.check_output_file("--out", out)
     given_runs = runs_from(k.runs_from) if k.runs_from else None  # read and checked before anything
     if not k.fit_only or given_runs is not None:  # the measurements are written

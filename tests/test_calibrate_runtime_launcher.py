@@ -128,6 +128,9 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
              f"{k}run_max_duration_s=4", f"{k}warmup_s=1", f"{k}rounds=1", f"{k}step_time_s=0.3",
              f"{k}run_startup_s=6", f"{k}run_min_measure_s=2", f"{k}rounds_after=1")
     assert r.returncode == 0, r.stderr[-3000:]
+    # The lone steps ran under the runs' host allocator policy, applied before JAX started (run_sprint.py's).
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("host allocator:") and "already started" not in first, first
     meas = json.loads(cal.read_text())["measurements"]
     # The lone steps were timed again after the runs: each record keeps both timings and their drift.
     assert "lone step after the runs" in r.stdout
