@@ -18,7 +18,8 @@ TRUE = (mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=4e-4),
         hf.with_figures(HOST, learner_overhead_s=2e-3, learner_step_cores=1.6, learner_step_cores_half_batch=24.0,
                         updater_per_learner_s=8e-4, updater_cores=0.3, updater_hosts_stretch=1.5, updater_queue=0.3,
                         updater_apply_s=1.5e-3, updater_lock_waits=1.5, learner_lock_wait_s=1e-3,
-                        learner_updater_stretch=0.4, updater_sync_per_learner_s=5e-4, learner_cv=0.25,
+                        learner_updater_stretch=0.4, updater_sync_per_learner_s=5e-4, updater_apply_core_wait_s=4e-4,
+                        learner_cv=0.25,
                         updater_cv=1.5))
 # Where the fits start: the preset with a measured lone step's cores (1.3; fitted from there).
 START = (mc.get("cpu_runtime"), hf.with_figures(HOST, learner_step_cores=1.3))

@@ -301,3 +301,27 @@ def test_an_updater_cycle_with_every_cost_at_zero_stays_finite():
     r = hf.runtime_times(net, rt, h, learners_per_host=1, sub_batch=128, network_time_s=0.0)
     assert all(np.isfinite(float(x)) for x in r)
     assert float(r.t_update_empty_s) == pytest.approx(hf.MIN_CYCLE_S)
+
+
+def test_an_applying_cycle_waits_for_a_core_per_learner_beyond_the_cores():
+    """``updater_apply_core_wait_s`` (omega): one host's applying cycle is longer by ``omega (N - C + 1)^+`` than
+    without it, its empty cycle not at all; two co-located hosts pay ``z N`` per all-reduce instead, not omega."""
+    net = zoo.get("resnet8")
+    rt = mc.get("cpu_runtime")
+    base = hf.with_figures(_host(), updater_apply_core_wait_s=0.0)
+    omega = 5e-4
+    m = hf.with_figures(base, updater_apply_core_wait_s=omega)
+    cores = float(base.cores_per_node)
+    for hosts, per_host in ((1, 1), (1, 2), (1, 4), (1, 8), (2, 4)):
+        kw = dict(learners_per_host=per_host, hosts=hosts, sub_batch=32, network_time_s=0.0)
+        with_w, without = hf.runtime_times(net, rt, m, **kw), hf.runtime_times(net, rt, base, **kw)
+        extra = (float(with_w.t_update_applying_s) - float(with_w.t_update_empty_s)) - (
+            float(without.t_update_applying_s) - float(without.t_update_empty_s))
+        want = omega * max(per_host - cores + 1.0, 0.0) if hosts == 1 else 0.0
+        assert extra == pytest.approx(want, abs=1e-7), (hosts, per_host)
+        assert float(with_w.t_update_empty_s) == pytest.approx(float(without.t_update_empty_s), rel=1e-5)
+    # A host section written before the figure existed loads it at its neutral value, 0.
+    figures = {f: float(getattr(base, f)) for f in hf.FIELDS if f != "updater_apply_core_wait_s"}
+    old = hf.make_host("old", {}, **figures)
+    assert float(old.updater_apply_core_wait_s) == 0.0 and dict(old.sources)["updater_apply_core_wait_s"].startswith(
+        "neutral: 0")

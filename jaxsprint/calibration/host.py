@@ -14,7 +14,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     \rho = \min(0.95, N_h g / T_c), \quad a = \frac{p_E}{1 - p_A + p_E}, \quad p_X = 1 - e^{-N_{all} T_X / T_c}, \\
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
                 + (t_{prog} + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
-    T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1]), \quad
+    T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1])
+                + \omega\,(N - C + 1)^+ [one\ host], \quad
     t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g = g_0 + g_s b`` a learner's
@@ -28,7 +29,8 @@ lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` on
 :func:`runtime_times` iterates the coupled pair); ``T_empty`` and ``T_apply`` are the two
 kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``z`` =
 ``updater_sync_per_learner_s`` (co-located hosts), ``beta_host`` the updater's streaming bandwidth, ``t_net``
-the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`.
+the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`; ``omega`` = ``updater_apply_core_wait_s``, an
+applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead).
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
@@ -53,7 +55,7 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
-__all__ = ["FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
+__all__ = ["ADDED_LATER", "FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
            "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s", "load_host",
            "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
            "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
@@ -88,6 +90,8 @@ class HostFigures:
       updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
       updater_sync_per_learner_s: ``z``, the wait of each all-reduce between hosts that are processes of one
         machine, per learner thread on its cores (the other updater must get a core among them).
+      updater_apply_core_wait_s: ``omega``, an applying cycle's wait for a core, per learner thread beyond the
+        host's cores (its update program must get a core among them; one host, or hosts on separate machines).
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
@@ -110,6 +114,7 @@ class HostFigures:
     updater_shared_wait: jax.Array
     updater_lock_waits: jax.Array
     updater_sync_per_learner_s: jax.Array
+    updater_apply_core_wait_s: jax.Array
     learner_lock_wait_s: jax.Array
     learner_updater_stretch: jax.Array
     learner_cv: jax.Array
@@ -120,6 +125,8 @@ class HostFigures:
 
 FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
 _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
+# Figures added after host format 3 was first written: a section without them loads them neutral (term off).
+ADDED_LATER = ("updater_apply_core_wait_s",)
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
@@ -134,6 +141,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
     updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
+    updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
@@ -147,11 +155,15 @@ def _check_field(field: str) -> None:
 
 
 def make_host(name: str, sources: dict[str, str], **figures: float) -> HostFigures:
-    """A :class:`HostFigures` from every figure (finite, >= 0; > 0 for ``cores_per_node`` and ``learner_step_cores``).
+    """A :class:`HostFigures` from every figure (finite, >= 0; > 0 for ``cores_per_node`` and ``learner_step_cores``;
+    one of :data:`ADDED_LATER` may be absent: its neutral value).
 
     Raises:
       ConfigError: a missing, unknown or invalid figure.
     """
+    for f in ADDED_LATER:  # absent from what was written before the figure existed: its neutral value
+        if figures.get(f) is None:
+            figures[f], sources = NEUTRAL[f][0], {**sources, f: NEUTRAL[f][1] + "; absent from the figures given"}
     missing = [f for f in FIELDS if figures.get(f) is None]
     if missing:
         raise ConfigError(f"host {name!r} figures", tuple(missing), "present: every figure of HostFigures")
@@ -318,9 +330,13 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
     t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
+    one_machine = h > 1 if co_located else False
     if co_located:  # the peer updaters must each get a core among the machine's learner threads
-        t_net = t_net + jnp.where(h > 1, host.updater_sync_per_learner_s * n, 0.0)
-    return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch,
+        t_net = t_net + jnp.where(one_machine, host.updater_sync_per_learner_s * n, 0.0)
+    # An applying cycle's update program waits for a core among the learner threads beyond the cores (where
+    # co-located hosts all-reduce, z N above already waits for them).
+    t_core = jnp.where(one_machine, 0.0, host.updater_apply_core_wait_s * jnp.maximum(n - c + 1.0, 0.0))
+    return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch + t_core,
             t_net + jnp.asarray(network_time_s, jnp.float32))
 
 

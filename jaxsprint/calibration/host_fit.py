@@ -52,8 +52,9 @@ COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_b
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
-                  "updater_lock_waits", "updater_sync_per_learner_s", "learner_lock_wait_s", "learner_updater_stretch",
-                  "learner_step_cores", "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
+                  "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s",
+                  "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
+                  "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
@@ -62,19 +63,19 @@ STEP_CORES_FIELD = "learner_step_cores"
 # all of a unit while busy, co-located hosts stretching it by up to 21x, queue fractions from 1e-4 to 10 device
 # steps per cycle.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
-                  "learner_step_cores_half_batch": (0.5, 1e3),
-                  "updater_overhead_s": (1e-6, 1.0), "updater_per_learner_s": (1e-6, 0.1),
-                  "updater_cores": (1e-3, 1.0), "updater_hosts_stretch": (1e-3, 20.0),
-                  "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
+                  "learner_step_cores_half_batch": (0.5, 1e3), "updater_overhead_s": (1e-6, 1.0),
+                  "updater_per_learner_s": (1e-6, 0.1), "updater_cores": (1e-3, 1.0),
+                  "updater_hosts_stretch": (1e-3, 20.0), "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
                   "updater_shared_wait": (1e-3, 2.0), "updater_lock_waits": (1e-3, 20.0),
                   "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0),
-                  "updater_sync_per_learner_s": (1e-6, 0.05), "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
+                  "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
+                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
                  "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
-                 "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3,
+                 "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
                  "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s")  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
