@@ -38,8 +38,11 @@ def test_fit_only_refits_stored_measurements(tmp_path):
     fitted = data["fit"]["stages"]["runtime"]["fitted"]
     assert data["host"]["figures"]["learner_step_cores"] == pytest.approx(fitted["learner_step_cores"], rel=1e-3)
     assert 1.0 <= fitted["learner_step_cores"] <= 4.0 and fitted["learner_step_cores"] != pytest.approx(2.8, rel=1e-4)
-    # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2).
-    assert 2e-4 < data["host"]["figures"]["updater_per_learner_s"] < 8e-4
+    # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2): without its empty and applying
+    # cycles measured apart, a cost per learner of every cycle or one per learner beyond the cores of the
+    # applying ones (updater_apply_core_wait_s) explains it; the fit takes one of the two.
+    grow = [f for f in ("updater_per_learner_s", "updater_apply_core_wait_s") if fitted.get(f, 0.0) > 1e-4]
+    assert grow and all(data["host"]["figures"][f] == pytest.approx(fitted[f], rel=1e-3) for f in grow), fitted
     # The updater's lock-wait term is off in every default calibration (host_fit.ALWAYS_FIXED), its reason the source.
     assert data["host"]["figures"]["updater_lock_waits"] == 0.0 and "updater_lock_waits" not in fitted
     assert data["host"]["sources"]["updater_lock_waits"].startswith("fixed at 0 (the lock-wait term off)")
