@@ -7,9 +7,10 @@ r"""Measures and fits the runtime figures of this machine: one calibration per m
 The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
 (network, data, optimizer) with ``config.calibration``, what is measured and fitted. The calibration set:
   1. one learner's gradient step (the runtime's own jitted gradient, wall time, under the runs' host
-     allocator policy) at ``sub_batches``, every sample kept (the fit takes their mean), timed again after the design's runs (``rounds_after``: the
-     mean then covers the machine's speed over the whole calibration; a change of more than 10% is
-     reported), the cores that step keeps busy, and its input draw (host work per sample);
+     allocator policy) at ``sub_batches``, every sample kept (the fit takes their mean), timed again after
+     the design's runs (``rounds_after``: the mean then covers the machine's speed over the whole calibration;
+     a change of more than 10% is reported), the cores that step keeps busy, and its input draw (host work
+     per sample);
   2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
   3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,

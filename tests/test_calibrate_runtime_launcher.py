@@ -21,7 +21,9 @@ def _run(*args):
 
 def test_fit_only_refits_stored_measurements(tmp_path):
     runs = [dict(learners_per_host=n, hosts=1, sub_batch=32, network_time_s=nt, t_compute_s=0.01 * max(1, n / 2) ** 1.2,
-                 t_compute_cv=0.3, t_update_s=nt + 1e-3 * max(1, n / 2), t_update_cv=0.5)
+                 t_compute_cv=0.3, t_update_s=nt + 1e-3 * max(1, n / 2), t_update_cv=0.5,
+                 t_update_empty_s=nt + 1e-3 * max(1, n / 2), t_update_applying_s=nt + 1e-3 * max(1, n / 2),
+                 empty_cycles=100, applying_cycles=100)
             for n in (1, 2, 4, 8) for nt in (0.0, 0.02)]
     meas = dict(gradient_steps=[dict(sub_batch=b, measured_s=1e-3 + 1e-4 * b) for b in (8, 16, 32, 64)], runs=runs,
                 step_cores=[dict(sub_batch=b, cores=c) for b, c in ((8, 2.6), (16, 2.8), (32, 3.0))],
@@ -38,11 +40,10 @@ def test_fit_only_refits_stored_measurements(tmp_path):
     fitted = data["fit"]["stages"]["runtime"]["fitted"]
     assert data["host"]["figures"]["learner_step_cores"] == pytest.approx(fitted["learner_step_cores"], rel=1e-3)
     assert 1.0 <= fitted["learner_step_cores"] <= 4.0 and fitted["learner_step_cores"] != pytest.approx(2.8, rel=1e-4)
-    # The updater's cycle grows by 0.5 ms per learner beyond 2 (1 ms x n / 2): without its empty and applying
-    # cycles measured apart, a cost per learner of every cycle or one per learner beyond the cores of the
-    # applying ones (updater_apply_core_wait_s) explains it; the fit takes one of the two.
-    grow = [f for f in ("updater_per_learner_s", "updater_apply_core_wait_s") if fitted.get(f, 0.0) > 1e-4]
-    assert grow and all(data["host"]["figures"][f] == pytest.approx(fitted[f], rel=1e-3) for f in grow), fitted
+    # The updater's cycle, empty or applying alike, grows by 0.5 ms per learner beyond 2 (1 ms x n / 2): a cost
+    # per learner of every cycle, not the applying cycles' wait for a core (held at 0, undetermined).
+    assert 2e-4 < data["host"]["figures"]["updater_per_learner_s"] < 8e-4
+    assert "updater_apply_core_wait_s" not in fitted and data["host"]["figures"]["updater_apply_core_wait_s"] == 0.0
     # The updater's lock-wait term is off in every default calibration (host_fit.ALWAYS_FIXED), its reason the source.
     assert data["host"]["figures"]["updater_lock_waits"] == 0.0 and "updater_lock_waits" not in fitted
     assert data["host"]["sources"]["updater_lock_waits"].startswith("fixed at 0 (the lock-wait term off)")

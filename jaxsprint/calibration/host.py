@@ -163,7 +163,8 @@ def make_host(name: str, sources: dict[str, str], **figures: float) -> HostFigur
     """
     for f in ADDED_LATER:  # absent from what was written before the figure existed: its neutral value
         if figures.get(f) is None:
-            figures[f], sources = NEUTRAL[f][0], {**sources, f: NEUTRAL[f][1] + "; absent from the figures given"}
+            figures[f] = NEUTRAL[f][0]
+            sources = {**sources, f: NEUTRAL[f][1] + "; absent from the figures given"}
     missing = [f for f in FIELDS if figures.get(f) is None]
     if missing:
         raise ConfigError(f"host {name!r} figures", tuple(missing), "present: every figure of HostFigures")
@@ -330,12 +331,12 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
     t_base = (machine.updater_overhead_s + host.updater_per_learner_s * g) * stretch
     t_net = collectives.allreduce_time_s(param_bytes, nodes, machine.network_latency_s,
                                          machine.network_bandwidth_bytes_per_s, algorithm=algorithm)
-    one_machine = h > 1 if co_located else False
+    co_hosts = h > 1 if co_located else False  # several hosts that are processes of one machine
     if co_located:  # the peer updaters must each get a core among the machine's learner threads
-        t_net = t_net + jnp.where(one_machine, host.updater_sync_per_learner_s * n, 0.0)
+        t_net = t_net + jnp.where(co_hosts, host.updater_sync_per_learner_s * n, 0.0)
     # An applying cycle's update program waits for a core among the learner threads beyond the cores (where
     # co-located hosts all-reduce, z N above already waits for them).
-    t_core = jnp.where(one_machine, 0.0, host.updater_apply_core_wait_s * jnp.maximum(n - c + 1.0, 0.0))
+    t_core = jnp.where(co_hosts, 0.0, host.updater_apply_core_wait_s * jnp.maximum(n - c + 1.0, 0.0))
     return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch + t_core,
             t_net + jnp.asarray(network_time_s, jnp.float32))
 
