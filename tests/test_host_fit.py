@@ -173,6 +173,25 @@ def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
             assert se <= rc.UNDETERMINED_RSE and f not in r.at_bound, (f, se)
 
 
+def test_lone_steps_without_a_memory_bound_part_hold_its_bandwidth_and_determine_the_rest():
+    """Steps of a machine whose memory-bound terms are off, with 2% noise, cannot determine a memory bandwidth
+    (it runs onto its upper bound or trades off against the efficiency): stage 1 holds it at that bound, with
+    the reason, and the figures it fits then have relative standard errors of at most UNDETERMINED_RSE."""
+    top = rc._COMPUTE_BOUNDS["memory_bandwidth_bytes_per_s"][1]
+    truth = mc.with_figures(START[0], memory_bandwidth_bytes_per_s=top, efficiency_fwd=0.5, half_efficiency_batch=4.0)
+    rng = np.random.default_rng(1)
+    noise = np.exp(rng.normal(0, 0.02, 5))
+    steps = [model_fit.StepTiming(NET, b, float(model_fit.step_time_s(NET, truth, b, 0.0)) * float(e), update_passes=0.0)
+             for b, e in zip((8, 16, 32, 64, 128), noise)]
+    fixed = {}
+    machine, _, fitted, rse, _, _ = rc.fit_device(*START, NET, steps=steps, fixed=fixed)
+    bw = "memory_bandwidth_bytes_per_s"
+    assert fixed[bw][0] == top and "no memory-bound part" in fixed[bw][1] and bw not in fitted
+    assert float(machine.memory_bandwidth_bytes_per_s) == pytest.approx(top)
+    for f in ("efficiency_fwd", "half_efficiency_batch"):
+        assert rse[f] <= rc.UNDETERMINED_RSE, (f, rse[f])
+
+
 def test_the_input_draw_per_sample_is_the_measured_slope_and_stage_3_holds_it():
     """A learner's host work per sample is the slope of its draws' trimmed means over the sub-batches (one
     disturbed draw in ten is trimmed); stages 1-2 set it, and stage 3 does not fit it."""

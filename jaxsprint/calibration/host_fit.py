@@ -255,7 +255,7 @@ def predict_runs(machine: Machine, host: HostFigures, network: NetworkCost, runs
     return _predict_columns_jit(machine, host, network, jnp.asarray(_columns(runs)), bool(co_located))
 
 
-def _figure(machine: Machine, host: HostFigures, field: str) -> float:
+def figure(machine: Machine, host: HostFigures, field: str) -> float:
     """A figure of the host or, if it is not a host's, of the machine."""
     return float(getattr(host if field in hostfig.FIELDS else machine, field))
 
@@ -299,7 +299,7 @@ def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, run
     (a flag per run: it measures both kinds of updater cycle) also the rows of the empty cycles, then of the
     applying ones (zero where the flag is off)."""
     fields = tuple(fields)
-    theta = jnp.log(jnp.asarray([_figure(machine, host, f) for f in fields], jnp.float32))
+    theta = jnp.log(jnp.asarray([figure(machine, host, f) for f in fields], jnp.float32))
     n = len(runs)
     zeros = jnp.zeros(n, jnp.float32)
     mask = np.ones(2 * n, np.float32) if split is None else np.tile(np.asarray(split, np.float32), 2)
@@ -311,11 +311,6 @@ def sensitivities(machine: Machine, host: HostFigures, network: NetworkCost, run
 def with_figures(machine: Machine, host: HostFigures, **values: Any) -> tuple[Machine, HostFigures]:
     """``(machine, host)`` with ``values`` replaced, each figure in the structure it belongs to."""
     return _with(machine, host, {f: jnp.float32(v) for f, v in values.items()})
-
-
-def figure(machine: Machine, host: HostFigures, field: str) -> float:
-    """A figure of the host or, if it is not a host's, of the machine."""
-    return _figure(machine, host, field)
 
 
 def _check_runs(runs: Sequence[RuntimeRun]) -> None:
@@ -362,7 +357,7 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
     bounds = {**RUNTIME_BOUNDS, **(bounds or {})}
     for f in fields:
         if f not in bounds:
-            v = _figure(machine, host, f)
+            v = figure(machine, host, f)
             bounds[f] = (v / 1e3, v * 1e3) if v > 0 else (1e-7, 1e-1)
         check(0 < bounds[f][0] < bounds[f][1], f"bounds[{f!r}]", bounds[f], "0 < lo < hi")
     lo = np.log([bounds[f][0] for f in fields])
@@ -380,15 +375,15 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
 
     # Two starts, the machine's figures and RUNTIME_START (a figure at its default of 0 starts at its lower
     # bound, where the form is flat in it and the descent can stall): the lower cost wins.
-    starts = [start(lambda f: _figure(machine, host, f)),
-              start(lambda f: RUNTIME_START.get(f, _figure(machine, host, f)))]
+    starts = [start(lambda f: figure(machine, host, f)),
+              start(lambda f: RUNTIME_START.get(f, figure(machine, host, f)))]
     res = lsq.least_squares(_residuals, np.stack(starts), args=args, jac=_jacobian, bounds=(lo, hi),
                             max_nfev=max_nfev, bound_tol=0.03,  # the weights: the unused split rows are not data
                             weights=np.concatenate([np.ones(2 * len(runs)), weights]))
     r = res.residuals
     fitted_machine, fitted_host = _with(machine, host, {f: jnp.float32(math.exp(res.x[i]))
                                                         for i, f in enumerate(fields)})
-    fitted = {f: _figure(fitted_machine, fitted_host, f) for f in fields}
+    fitted = {f: figure(fitted_machine, fitted_host, f) for f in fields}
     if fit_cvs:
         fitted_host, cvs = _fit_cvs(fitted_machine, fitted_host, network, runs, co_located)
         fitted.update(cvs)
@@ -469,8 +464,8 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
     """Stages 1 and 2 of :func:`fit_all` (the lone step, the input draws and the all-reduces; a stage without
-    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound (no
-    memory-bound part in the steps) is held there and added to ``fixed`` with its reason.
+    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound, or with
+    a compute figure the steps do not determine, is held there (no memory-bound part) and added to ``fixed``.
 
     Returns:
       ``(machine, host, fitted, rel_std_error, at_bound, stages)`` after the two stages.
@@ -504,9 +499,12 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
 
         r = stage1(fields)
         bw, top = "memory_bandwidth_bytes_per_s", _COMPUTE_BOUNDS["memory_bandwidth_bytes_per_s"][1]
-        if bw in r.at_bound and r.fitted[bw] > top / 1.05:  # the steps show no memory-bound part: terms off
+        loose = {f: e for f, e in r.rel_std_error.items() if f in fields and not e <= UNDETERMINED_RSE}
+        if bw in fields and ((bw in r.at_bound and r.fitted[bw] > top / 1.05) or loose):  # its terms off
+            why = ("it ran onto this upper bound" if bw in r.at_bound and r.fitted[bw] > top / 1.05 else
+                   "relative standard errors " + ", ".join(f"{f} {e:.3g}" for f, e in loose.items()))
             fixed[bw] = (top, f"held at {top:g} B/s (the memory-bound layers' terms off), not fitted: the lone "
-                              "steps show no memory-bound part (fitted, it ran onto this upper bound)")
+                              f"steps show no memory-bound part (fitted, {why})")
             m = m.replace(**{bw: jnp.float32(top)})
             r = stage1([f for f in fields if f != bw])
         m = r.machine
@@ -548,10 +546,9 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       seed: Seed of the random starts of stages 1 and 2.
       fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
       fix_undetermined: After stage 3, hold every host figure the runs do not determine (relative standard
-        error above :data:`UNDETERMINED_RSE`, or on its lower bound, where the form is flat; the worst first; a
-        figure on its upper bound is the form's limit, not the data's, and stays) at its neutral value (0 for
-        ``updater_overhead_s``) and fit the rest again, until every fitted figure is determined; the held ones
-        are in ``stages["fixed"]`` with their reasons.
+        error above :data:`UNDETERMINED_RSE`, or on its lower bound, where the form is flat; the worst first) at
+        its neutral value (0 for ``updater_overhead_s``; one on its upper bound, the form's limit, where it is)
+        and fit the rest again, until every fitted figure is determined; ``stages["fixed"]`` has the reasons.
 
     Returns:
       :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
@@ -568,23 +565,25 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
                                                         fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
     res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
-    def bounds_of(f):
-        return RUNTIME_BOUNDS.get(f, (0.0, math.inf))
-
     while fix_undetermined:
-        low = {f for f in res.at_bound if res.fitted[f] <= bounds_of(f)[0] * 1.05}  # a term off: flat there
+        # On its lower bound a term is off, and the form flat in it.
+        low = {f for f in res.at_bound if res.fitted[f] <= RUNTIME_BOUNDS.get(f, (0.0,))[0] * 1.05}
         loose = [f for f in res.rel_std_error if f in RUNTIME_FIELDS and f != STEP_CORES_FIELD and (
-            f in low or (f not in res.at_bound and not res.rel_std_error[f] <= UNDETERMINED_RSE))]
+            f in low or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
         if not loose:
             break
         worst = max(loose, key=lambda f: (f in low, res.rel_std_error[f]))
-        # Neutral: the host's (0, the term off), 0 for updater_overhead_s, the preset's for another machine figure.
-        value = (hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0 if worst == "updater_overhead_s"
-                 else _figure(m, host, worst))
         why = ("on its lower bound" if worst in low else
                f"relative standard error {res.rel_std_error[worst]:.3g} > {UNDETERMINED_RSE:g}")
-        fixed[worst] = (value, f"held at {value:g} (neutral), not fitted: the calibration runs do not determine it "
-                               f"(fitted, it was {res.fitted[worst]:.4g}, {why})")
+        if worst in res.at_bound and worst not in low:  # the form's limit: held where the runs pushed it
+            value = res.fitted[worst]
+            fixed[worst] = (value, f"held at its upper bound {value:.4g}, not fitted: the calibration runs push it "
+                                   f"there but do not determine it ({why})")
+        else:  # neutral: the host's (0, the term off), 0 for updater_overhead_s, another machine figure's preset
+            value = (hostfig.NEUTRAL[worst][0] if worst in hostfig.NEUTRAL else 0.0 if worst == "updater_overhead_s"
+                     else figure(m, host, worst))
+            fixed[worst] = (value, f"held at {value:g} (neutral), not fitted: the calibration runs do not determine "
+                                   f"it (fitted, it was {res.fitted[worst]:.4g}, {why})")
         m, host = _with(m, host, {worst: jnp.float32(value)})
         fields = [f for f in fields if f != worst]
         res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
