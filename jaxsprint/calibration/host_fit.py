@@ -79,9 +79,8 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "updater_apply_core_wait_s": 3e-4, "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s")  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
-# A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined by
-# the runs: fit_all(fix_undetermined=True) holds it at its neutral value (host.NEUTRAL, 0: the term off) and
-# fits the others again.
+# A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
+# and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
 UNDETERMINED_RSE = 1.0
 # A run's two kinds of updater cycle (empty, applying) enter the fit where each kind has this many cycles.
 MIN_SPLIT_CYCLES = 30
@@ -491,22 +490,24 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
     steps = list(steps)
     if steps:
         fields = [f for f in COMPUTE_FIELDS if f not in fixed][:len(steps)]
-
         def stage1(fields):
             return calib.fit(m, steps, fields=fields, bounds={f: _COMPUTE_BOUNDS[f] for f in fields},
                              tied={"efficiency_bwd_data": "efficiency_fwd", "efficiency_bwd_weight": "efficiency_fwd"},
                              seed=seed)
-
         r = stage1(fields)
-        bw, top = "memory_bandwidth_bytes_per_s", _COMPUTE_BOUNDS["memory_bandwidth_bytes_per_s"][1]
-        loose = {f: e for f, e in r.rel_std_error.items() if f in fields and not e <= UNDETERMINED_RSE}
-        if bw in fields and ((bw in r.at_bound and r.fitted[bw] > top / 1.05) or loose):  # its terms off
-            why = ("it ran onto this upper bound" if bw in r.at_bound and r.fitted[bw] > top / 1.05 else
-                   "relative standard errors " + ", ".join(f"{f} {e:.3g}" for f, e in loose.items()))
-            fixed[bw] = (top, f"held at {top:g} B/s (the memory-bound layers' terms off), not fitted: the lone "
-                              f"steps show no memory-bound part (fitted, {why})")
-            m = m.replace(**{bw: jnp.float32(top)})
-            r = stage1([f for f in fields if f != bw])
+        bw, half = "memory_bandwidth_bytes_per_s", "half_efficiency_batch"
+        top, low = _COMPUTE_BOUNDS[bw][1], _COMPUTE_BOUNDS[half][0]
+        for f, value, off in ((bw, top, "the memory-bound layers' terms off"), (half, 0.0, "no small-batch slowdown")):
+            loose = {g: e for g, e in r.rel_std_error.items() if g in fields and not e <= UNDETERMINED_RSE}
+            edge = f in r.at_bound and (r.fitted[f] > top / 1.05 if f == bw else r.fitted[f] < low * 1.05)
+            if f in fields and (edge or loose):  # the steps do not show it: its terms off, the rest fitted again
+                why = (f"it ran onto its {'upper' if f == bw else 'lower'} bound" if edge else
+                       "relative standard errors " + ", ".join(f"{g} {e:.3g}" for g, e in loose.items()))
+                fixed[f] = (value, f"held at {value:g} ({off}), not fitted: the lone steps do not determine it "
+                                   f"(fitted, {why})")
+                m = m.replace(**{f: jnp.float32(value)})
+                fields = [g for g in fields if g != f]
+                r = stage1(fields)
         m = r.machine
         fitted.update(r.fitted)
         rse.update(r.rel_std_error)
