@@ -213,7 +213,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
-    from jaxsprint.calibration import measurements
+    from jaxsprint.calibration import host_fit
 
     def lone_steps(batches, rounds=k.rounds):
         steps = timing.measure_gradient_steps(config, batches, rounds=rounds, min_time_s=k.step_time_s, log=log)
@@ -221,7 +221,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                 for b, (t, s) in zip(batches, steps)]
 
     def disturbance(g):  # the fit takes the (trimmed) mean: a burst of other work during the timing moves it
-        return measurements.gradient_step_seconds(g) / g["measured_s"]
+        return host_fit.gradient_step_seconds(g) / g["measured_s"]
 
     gradient_steps = lone_steps(sub_batches)
     for _ in range(_RETRIES):  # a disturbed timing is measured again; the quieter of the two is kept
@@ -297,14 +297,13 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 def _start(config, measurements):
     """The cpu_runtime preset with the lone steps and all-reduces of ``measurements`` fitted (stages 1-2)."""
-    from jaxsprint.calibration import host, model_fit, timing
-    from jaxsprint.calibration.measurements import gradient_step_seconds
+    from jaxsprint.calibration import host, host_fit, model_fit, timing
     from jaxsprint.perf import machines
 
     import numpy as np
 
     net = timing.runtime_network(config)
-    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), gradient_step_seconds(s), 0.0,
+    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), host_fit.gradient_step_seconds(s), 0.0,
                                   f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))

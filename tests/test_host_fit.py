@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxsprint.calibration import host as hf
-from jaxsprint.calibration import measurements, model_fit, host_fit as rc
+from jaxsprint.calibration import model_fit, host_fit as rc
 from jaxsprint.perf import times, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
@@ -53,8 +53,7 @@ def test_fit_runtime_recovers_the_figures_that_made_the_runs():
     r = rc.fit_runtime(*START, NET, list(_true_runs()))
     assert rc.STEP_CORES_FIELD in rc.RUNTIME_FIELDS and "updater_apply_s" in rc.RUNTIME_FIELDS
     assert "updater_shared_wait" not in r.fitted  # no run has the updater on a learner's device
-    for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in rc.SHARED_ONLY_FIELDS + rc.ONE_DEVICE_FIELDS) + (
-            "learner_cv", "updater_cv"):
+    for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in rc.SHARED_ONLY_FIELDS) + ("learner_cv", "updater_cv"):
         assert r.fitted[f] == pytest.approx(_figure(TRUE, f), rel=1e-3), f
         assert _figure((r.machine, r.host), f) == pytest.approx(r.fitted[f], rel=1e-6)
     assert np.max(np.abs(r.compute_errors)) < 1e-4 and np.max(np.abs(r.update_errors)) < 1e-4
@@ -77,8 +76,7 @@ def test_fit_all_stages_and_a_subset_keeps_the_rest():
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
     assert float(HOST.learner_step_cores) != pytest.approx(1.6, rel=0.05)
     r = rc.fit_all(mc.get("cpu_runtime"), HOST, NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
-    assert set(rc.COMPUTE_FIELDS[:len(steps)] + rc.RUNTIME_FIELDS) - set(rc.SHARED_ONLY_FIELDS + rc.ONE_DEVICE_FIELDS) <= set(
-        r.fitted)
+    assert set(rc.COMPUTE_FIELDS[:len(steps)] + rc.RUNTIME_FIELDS) - set(rc.SHARED_ONLY_FIELDS) <= set(r.fitted)
     assert r.stages["step_cores"] == 1.3
     assert r.fitted[rc.STEP_CORES_FIELD] == pytest.approx(1.6, rel=0.02)
     assert float(r.host.learner_step_cores) == pytest.approx(r.fitted[rc.STEP_CORES_FIELD], rel=1e-6)
@@ -129,8 +127,8 @@ def test_cross_validate_fits_each_run_without_it():
 def test_a_stored_step_stands_for_the_mean_of_its_samples():
     """A learner's mean cycle is made of every step, the slow ones too: the record's mean, not its median."""
     rec = dict(sub_batch=8, measured_s=2e-3, samples=[2e-3, 2e-3, 2e-3, 8e-3])
-    assert measurements.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
-    assert measurements.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples
+    assert rc.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
+    assert rc.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples
 
 
 def test_the_shared_device_wait_is_fitted_from_runs_of_both_placements():
@@ -153,18 +151,6 @@ def test_the_shared_device_wait_is_fitted_from_runs_of_both_placements():
                                        updater_device="gpu"))
     own_only = [rc.RuntimeRun(**{**r.__dict__, "updater_device": "own"}) for r in runs]
     assert "updater_shared_wait" not in rc._constrained(rc.RUNTIME_FIELDS, own_only)
-    # The one-device speedup only where one learner per host shares its device with the updater.
-    shared = [rc.RuntimeRun(**{**r.__dict__, "updater_device": "shared"}) for r in runs]
-    one = [r for r in shared if r.learners_per_host == 1]
-    assert "learner_one_device_speedup" not in rc._constrained(rc.RUNTIME_FIELDS, own_only)
-    assert "learner_one_device_speedup" not in rc._constrained(rc.RUNTIME_FIELDS, [r for r in shared if r not in one])
-    assert "learner_one_device_speedup" in rc._constrained(rc.RUNTIME_FIELDS, shared) and one
-    true = (TRUE[0], hf.with_figures(TRUE[1], learner_one_device_speedup=0.6))
-    t = rc.predict_runs(*true, NET, shared)
-    shared = [rc.RuntimeRun(**{**r.__dict__, "t_compute_s": float(tc), "t_update_s": float(tu)})
-              for r, tc, tu in zip(shared, t.t_compute_s, t.t_update_s)]
-    r = rc.fit_runtime(*TRUE, NET, shared, fields=["learner_one_device_speedup"], fit_cvs=False)
-    assert r.fitted["learner_one_device_speedup"] == pytest.approx(0.6, rel=1e-3)
 
 
 def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
@@ -222,17 +208,17 @@ def test_the_input_draw_per_sample_is_the_measured_slope_and_stage_3_holds_it():
     """A learner's host work per sample is the slope of its draws' trimmed means over the sub-batches (one
     disturbed draw in ten is trimmed); stages 1-2 set it, and stage 3 does not fit it."""
     draws = [(b, [1e-4 + 2e-5 * b] * 9 + [0.5]) for b in (8, 32, 128)]
-    slope, rse = measurements.input_per_sample(draws)
+    slope, rse = rc.input_per_sample(draws)
     assert slope == pytest.approx(2e-5, rel=1e-6) and rse == pytest.approx(0.0, abs=1e-6)
     _, host, fitted, rse_all, _, stages = rc.fit_device(*START, NET, input_draws=draws)
     assert float(host.learner_input_per_sample_s) == pytest.approx(2e-5, rel=1e-5)
     assert fitted[rc.INPUT_FIELD] == stages["input_per_sample_s"] == slope and rc.INPUT_FIELD in rse_all
     assert rc.INPUT_FIELD not in rc.RUNTIME_FIELDS
-    assert measurements.input_per_sample([(8, [3e-4]), (64, [1e-4])])[0] == 0.0  # a falling line: no cost per sample
+    assert rc.input_per_sample([(8, [3e-4]), (64, [1e-4])])[0] == 0.0  # a falling line: no cost per sample
     with raises_invalid("input_draws", [8, 8], "draws at 2 or more distinct sub-batches"):
-        measurements.input_per_sample([(8, [1e-4]), (8, [2e-4])])
+        rc.input_per_sample([(8, [1e-4]), (8, [2e-4])])
     with raises_invalid("input_draws", 32, "finite draw times > 0"):
-        measurements.input_per_sample([(8, [1e-4]), (32, [])])
+        rc.input_per_sample([(8, [1e-4]), (32, [])])
 
 
 def test_the_default_calibration_holds_the_lock_wait_term_off():

@@ -325,27 +325,3 @@ def test_an_applying_cycle_waits_for_a_core_per_learner_beyond_the_cores():
     old = hf.make_host("old", {}, **figures)
     assert float(old.updater_apply_core_wait_s) == 0.0 and dict(old.sources)["updater_apply_core_wait_s"].startswith(
         "neutral: 0")
-
-
-def test_a_process_of_one_device_runs_its_lone_step_faster():
-    """``learner_one_device_speedup`` (sigma): with one learner per host sharing its device with the updater,
-    each process has one device and its lone step runs ``1 + sigma`` times as fast; the learner cycle of a
-    lone learner with a sleeping updater (the lone bound) shrinks by that step's saving, and no cycle of a
-    process with several devices (two learners, or the updater's own) moves. Written without it: 0."""
-    net = zoo.get("resnet8")
-    rt = mc.get("cpu_runtime")
-    base = hf.with_figures(_host(), learner_one_device_speedup=0.0, learner_updater_stretch=0.0)
-    sigma = 0.6
-    m = hf.with_figures(base, learner_one_device_speedup=sigma)
-    for per_host, where in ((1, "shared"), (1, "own"), (2, "shared")):
-        kw = dict(learners_per_host=per_host, hosts=1, sub_batch=64, network_time_s=0.1,
-                  shared=float(where == "shared"))
-        fast, slow = hf.runtime_times(net, rt, m, **kw), hf.runtime_times(net, rt, base, **kw)
-        if (per_host, where) == (1, "shared"):
-            step = float(times.compute_time_s(net, rt, 64, gpus_per_node=1))
-            saved = float(slow.t_compute_s) - float(fast.t_compute_s)
-            assert 0.5 * step * sigma / (1 + sigma) < saved <= step * sigma / (1 + sigma) * 1.001
-        else:
-            assert float(fast.t_compute_s) == pytest.approx(float(slow.t_compute_s), rel=1e-6), (per_host, where)
-    figures = {f: float(getattr(base, f)) for f in hf.FIELDS if f != "learner_one_device_speedup"}
-    assert float(hf.make_host("old", {}, **figures).learner_one_device_speedup) == 0.0

@@ -10,7 +10,7 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
    is made of all its steps, slow ones included), 10%-trimmed (a burst of other work on the machine during
    the timing, steps 3x the median, stays out); the cores a lone step keeps busy start ``learner_step_cores``;
    the slope of a learner's input draw over the sub-batches is ``learner_input_per_sample_s``, measured and
-   held (:func:`jaxsprint.calibration.measurements.input_per_sample`).
+   held (:func:`input_per_sample`).
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and ``network_bandwidth_bytes_per_s``.
 3. **Sharing and the updater** (:func:`fit_runtime`): the host figures of :data:`RUNTIME_FIELDS`, by least
    squares on the log-errors of both cycle means (``T_c``, ``T_u``) of every run, in log parameters inside
@@ -30,10 +30,10 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 
 from jaxsprint.errors import check
 from jaxsprint.calibration import host as hostfig
-from jaxsprint.calibration import measurements
 from jaxsprint.calibration import model_fit as calib
 from jaxsprint.calibration.host import HostFigures
 from jaxsprint.perf import fit as lsq
@@ -42,9 +42,9 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
-           "ONE_DEVICE_FIELDS", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_ONLY_FIELDS",
-           "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device",
-           "fit_runtime", "predict_runs", "sensitivities", "with_figures"]
+           "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD",
+           "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device",
+           "fit_runtime", "gradient_step_seconds", "input_per_sample", "predict_runs", "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
@@ -54,7 +54,7 @@ RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learn
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
                   "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s",
                   "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
-                  "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s", "learner_one_device_speedup")
+                  "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
@@ -69,18 +69,16 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_shared_wait": (1e-3, 2.0), "updater_lock_waits": (1e-3, 20.0),
                   "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0),
                   "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
-                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12), "learner_one_device_speedup": (1e-3, 4.0)}
+                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
                  "updater_shared_wait": 0.5, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3,
-                 "updater_apply_core_wait_s": 3e-4, "host_memory_bandwidth_bytes_per_s": 2e9,
-                 "learner_one_device_speedup": 0.5}
+                 "updater_apply_core_wait_s": 3e-4, "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s")  # constrained only by runs with several hosts
 SHARED_ONLY_FIELDS = ("updater_shared_wait",)  # constrained only by runs with the updater on a learner's device
-ONE_DEVICE_FIELDS = ("learner_one_device_speedup",)  # only by runs of one learner per host sharing its device
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
 # and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
 UNDETERMINED_RSE = 1.0
@@ -202,6 +200,35 @@ class RuntimeFit:
         return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound, loss=self.loss,
                     compute=calib.error_stats(self.compute_errors), update=calib.error_stats(self.update_errors),
                     stages=self.stages)
+
+
+def gradient_step_seconds(record: dict[str, Any]) -> float:
+    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
+    (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
+    samples = record.get("samples") or []
+    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
+
+
+def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
+    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
+    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
+    sub-batches; a slope below 0 is 0).
+
+    Raises:
+      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
+    """
+    b = [int(x) for x, _ in draws]
+    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
+    t = []
+    for x, samples in draws:
+        v = np.asarray(samples, np.float64)
+        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
+              "a sub-batch with finite draw times > 0")
+        t.append(float(scipy.stats.trim_mean(v, 0.1)))
+    line = scipy.stats.linregress(b, t)
+    slope = max(float(line.slope), 0.0)
+    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
+    return slope, rse
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -400,14 +427,11 @@ def _fit_cvs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Se
 
 
 def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
-    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts, less :data:`SHARED_ONLY_FIELDS`
-    when no run shares a learner's device, less :data:`ONE_DEVICE_FIELDS` when no run does so with one learner
-    per host (nothing would constrain them)."""
+    """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts and less
+    :data:`SHARED_ONLY_FIELDS` when no run shares a learner's device (nothing would constrain them)."""
     several = any(r.hosts > 1 for r in runs)
-    shared = [r for r in runs if r.updater_device == "shared"]
-    one = any(r.learners_per_host == 1 for r in shared)
-    return [f for f in fields if (several or f not in HOSTS_ONLY_FIELDS) and (shared or f not in SHARED_ONLY_FIELDS)
-            and (one or f not in ONE_DEVICE_FIELDS)]
+    shared = any(r.updater_device == "shared" for r in runs)
+    return [f for f in fields if (several or f not in HOSTS_ONLY_FIELDS) and (shared or f not in SHARED_ONLY_FIELDS)]
 
 
 def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
@@ -459,7 +483,7 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
         stages["step_cores"] = float(step_cores)
     input_draws = list(input_draws)
     if input_draws:
-        per_sample, per_sample_rse = measurements.input_per_sample(input_draws)
+        per_sample, per_sample_rse = input_per_sample(input_draws)
         host = host.replace(**{INPUT_FIELD: jnp.float32(per_sample)})
         fitted[INPUT_FIELD], rse[INPUT_FIELD] = per_sample, per_sample_rse
         stages["input_per_sample_s"] = per_sample
@@ -517,7 +541,7 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       allreduces: All-reduces over the runtime's processes.
       runs: Measured runtime runs.
       step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
-      input_draws: ``[(sub_batch, draw seconds)]`` of a learner's input draw (:func:`~jaxsprint.calibration.measurements.input_per_sample`; none:
+      input_draws: ``[(sub_batch, draw seconds)]`` of a learner's input draw (:func:`input_per_sample`; none:
         the host's ``learner_input_per_sample_s`` is kept).
       co_located: The hosts of multi-host runs were processes of this machine.
       seed: Seed of the random starts of stages 1 and 2.
