@@ -16,7 +16,9 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
      sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), the runs
      of one process layout in a row in the same processes (``experiments.runtime_runs.run_series``: the
-     design prices a run by the start-up and compilation it adds); ``runs=grid`` the one-host runs of ``learners`` x
+     design prices a run by the start-up and compilation it adds; where the series take longer than planned,
+     the least informative runs left are dropped so that the runs keep ``budget_s``); ``runs=grid`` the
+     one-host runs of ``learners`` x
      ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
      ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
@@ -376,11 +378,23 @@ def measure_design(config, measured, log=print):
         "errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
-    records = []
+    records, done, took_s, planned_s, dropped = [], [], 0.0, 0.0, []
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
         for n, members in enumerate(series.values()):
+            # Runs that no longer fit in budget_s at the pace measured so far are dropped, least informative first.
+            ahead = [i for i in chosen if i not in done and i not in dropped]
+            keep = design.affordable(ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
+                                     k.budget_s - took_s, max(1.0, took_s / planned_s) if planned_s else 1.0)
+            if len(keep) < len(ahead):
+                dropped += [i for i in ahead if i not in keep]
+                log(f"runs dropped to stay within budget_s={k.budget_s:g} s (the series so far took {took_s:.0f} s "
+                    f"of {planned_s:.0f} planned): {', '.join(pool[i].name for i in ahead if i not in keep)}")
+            members = [i for i in members if i in keep]
+            if not members:
+                continue
             entries = [pool[i] for i in members]
+            plan_s = sum(cost[i] + extra_s(i, done + members[:m]) for m, i in enumerate(members))
             start = time.monotonic()
             try:
                 results = runtime_runs.run_series(entries, [plan[i] for i in members], os.path.join(root, f"series{n}"),
@@ -390,10 +404,12 @@ def measure_design(config, measured, log=print):
                                                   compile_cache_dir=os.path.join(root, "compile-cache"))
             except RuntimeError as err:  # one failed series does not end the calibration; it is reported
                 log(f"series of {', '.join(e.name for e in entries)}: FAILED: {err}")
+                done += members
                 continue
             took = time.monotonic() - start
-            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned "
-                f"{sum(cost[i] + extra_s(i, members[:m]) for m, i in enumerate(members)):.0f} s)")
+            done += members
+            took_s, planned_s = took_s + took, planned_s + plan_s
+            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned {plan_s:.0f} s)")
             for e, res in zip(entries, results):
                 m = res["measured"]
                 rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
@@ -404,6 +420,7 @@ def measure_design(config, measured, log=print):
                     f"{rec['updates']} updates")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    chosen_design["dropped"] = [pool[i].name for i in dropped]
     return records, chosen_design
 
 

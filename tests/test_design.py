@@ -75,3 +75,15 @@ def test_an_entry_costs_what_it_adds_to_the_entries_chosen_before_it():
     assert design.select(jac, [1.0, 1.0, 1.0], 12.0, required=[2], extra_s=extra_s) == [2]  # 11 s; run 0: 11 more
     with pytest.raises(ConfigError, match="budget_s"):
         design.select(jac, [1.0, 1.0, 1.0], 20.0, required=[0, 2], extra_s=extra_s)  # 22 s required
+
+
+def test_affordable_keeps_the_most_informative_runs_that_fit_at_the_measured_pace():
+    """Runs are kept in the design's order while they fit; at a slower pace (``scale``) the later, least
+    informative ones are dropped first, and a cheaper later run still fits where an expensive one did not."""
+    price = {0: 10.0, 1: 20.0, 2: 30.0, 3: 5.0}
+    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 65.0) == [0, 1, 2, 3]
+    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 65.0, scale=1.2) == [0, 1, 3]
+    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 5.0, scale=2.0) == []
+    # The price may depend on the runs kept before it (a series' processes started once).
+    started = lambda i, before: price[i] + (0.0 if before else 8.0)  # noqa: E731
+    assert design.affordable([3, 0], started, 23.0) == [3, 0] and design.affordable([3, 0], started, 22.0) == [3]

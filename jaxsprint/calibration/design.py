@@ -31,7 +31,7 @@ from jaxsprint.errors import check
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["candidates", "predicted_rel_std_error", "select", "sensitivities", "strata"]
+__all__ = ["affordable", "candidates", "predicted_rel_std_error", "select", "sensitivities", "strata"]
 
 
 def candidates(*, hosts: Sequence[int] = (1, 2), learners_per_host: Sequence[int] = (1, 2, 4, 8),
@@ -149,3 +149,19 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         spent += best_cost
         if log:
             log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
+
+
+def affordable(order: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float,
+               scale: float = 1.0) -> list[int]:
+    """The runs of ``order`` (a design's choice, the most informative first) that fit in ``budget_s`` when each
+    costs ``scale`` times its planned ``price(i, kept before it)``: ``scale`` is what the runs measured so far
+    took over their plan, so that a machine slower to start and compile than the plan's constants keeps the
+    calibration's time and drops the design's least informative runs instead. A run that does not fit is
+    dropped and the later (cheaper) ones are still tried."""
+    kept, spent = [], 0.0
+    for i in order:
+        c = scale * float(price(i, kept))
+        if spent + c <= budget_s:
+            kept.append(i)
+            spent += c
+    return kept
