@@ -463,8 +463,8 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
     """Stages 1 and 2 of :func:`fit_all` (the lone step, the input draws and the all-reduces; a stage without
-    measurements is skipped), with ``fixed`` held; a memory bandwidth that runs onto its upper bound, or with
-    a compute figure the steps do not determine, is held there (no memory-bound part) and added to ``fixed``.
+    measurements is skipped), with ``fixed`` held; where the steps do not determine a compute figure, the memory
+    bandwidth (at its top) and then the small-batch half batch (at 0) are held off and added to ``fixed``.
 
     Returns:
       ``(machine, host, fitted, rel_std_error, at_bound, stages)`` after the two stages.
