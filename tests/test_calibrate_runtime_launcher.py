@@ -145,7 +145,7 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     design = meas["design"]
     # The runs of one process layout (hosts, learners, placement) run in a row in the same processes: every
     # chosen run is in one series, and every run is measured, series by series, but for those of a series that
-    # failed (reported on a line and left out).
+    # failed (reported on a line and left out) and those dropped to keep budget_s at the pace measured (logged).
     series = design["series"]
     assert sorted(c for s in series for c in s) == sorted(design["chosen"])
     for s in series:
@@ -153,7 +153,11 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     failed = {c for ln in r.stdout.splitlines() if ": FAILED" in ln
               for c in ln.partition(": FAILED")[0].removeprefix("series of ").split(", ")}
     assert len(design["chosen"]) >= 2 and len(meas["runs"]) >= 1
-    assert [x["label"] for x in meas["runs"]] == [c for s in series for c in s if c not in failed], r.stdout[-2000:]
+    dropped = design["dropped"]
+    assert set(dropped) <= set(design["chosen"]) and set(dropped).isdisjoint(failed)
+    assert all(c in r.stdout.partition("runs dropped to stay within budget_s=")[2] for c in dropped), r.stdout[-2000:]
+    assert [x["label"] for x in meas["runs"]] == [c for s in series for c in s if c not in failed | set(dropped)], \
+        r.stdout[-2000:]
     assert {x["updater_device"] for x in meas["runs"]} <= {"shared", "own"} and len(meas["allreduces"]) == 4
     assert {x["hosts"] for x in meas["runs"]} <= {1, 2} and all(x["t_compute_s"] > 0 for x in meas["runs"])
     # Each run keeps its empty and applying updater cycles (None where it had none of a kind), which the fit uses.
