@@ -129,9 +129,6 @@ def check_plan(config, sub_batches, learners, network_times):
     check(is_int(k.rounds) and k.rounds >= 1, "config.calibration.rounds", k.rounds, "an integer >= 1")
     check(is_int(k.rounds_after) and 0 <= k.rounds_after <= 10, "config.calibration.rounds_after", k.rounds_after,
           "an integer in [0, 10]")
-    check(is_int(k.one_device_sub_batches) and k.one_device_sub_batches in {0, *range(2, len(sub_batches) + 1)},
-          "config.calibration.one_device_sub_batches", k.one_device_sub_batches,
-          f"0 (none) or an integer in [2, {len(sub_batches)}] (of sub_batches)")
     # the timing rounds, the cores measurement, the rounds after the runs
     steps_s = (2 * k.rounds + k.rounds_after) * len(sub_batches) * k.step_time_s
     check(steps_s <= MAX_SECONDS, "config.calibration.rounds", k.rounds,
@@ -218,7 +215,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
-    from jaxsprint.calibration import measurements
+    from jaxsprint.calibration import host_fit
 
     def lone_steps(batches, rounds=k.rounds):
         steps = timing.measure_gradient_steps(config, batches, rounds=rounds, min_time_s=k.step_time_s, log=log)
@@ -226,7 +223,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                 for b, (t, s) in zip(batches, steps)]
 
     def disturbance(g):  # the fit takes the (trimmed) mean: a burst of other work during the timing moves it
-        return measurements.gradient_step_seconds(g) / g["measured_s"]
+        return host_fit.gradient_step_seconds(g) / g["measured_s"]
 
     gradient_steps = lone_steps(sub_batches)
     for _ in range(_RETRIES):  # a disturbed timing is measured again; the quieter of the two is kept
@@ -237,18 +234,6 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
             "(other work on this machine): measuring them again")
         again = {g["sub_batch"]: g for g in lone_steps(busy)}
         gradient_steps = [min(g, again.get(g["sub_batch"], g), key=disturbance) for g in gradient_steps]
-    one_device = []
-    if k.one_device_sub_batches:  # a process of one device runs its programs on all cores: timed apart
-        n = len(sub_batches)
-        picks = sorted({sub_batches[round(i * (n - 1) / max(1, k.one_device_sub_batches - 1))]
-                        for i in range(min(n, k.one_device_sub_batches))})
-        one = timing.measure_one_device_steps(config, picks, rounds=k.rounds, min_time_s=k.step_time_s)
-        one_device = [dict(sub_batch=b, measured_s=t, mean_s=float(sum(s) / len(s)), samples=s)
-                      for b, (t, s) in zip(picks, one)]
-        lone = {g["sub_batch"]: measurements.gradient_step_seconds(g) for g in gradient_steps}
-        log("lone step in a process of one device: " + ", ".join(
-            f"b{g['sub_batch']} {1e3 * measurements.gradient_step_seconds(g):.2f} ms "
-            f"({lone[g['sub_batch']] / measurements.gradient_step_seconds(g):.2f} x as fast)" for g in one_device))
     cores = timing.measure_gradient_cores(config, sub_batches, min_time_s=k.step_time_s)
     step_cores = [dict(sub_batch=b, cores=c) for b, c in zip(sub_batches, cores)]
     draws = timing.measure_input_draws(config, sub_batches, rounds=k.rounds)
@@ -268,8 +253,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         p4 = int(BYTES_PER_VALUE * float(timing.runtime_network(config).total_params))
         for a in timing.measure_allreduce(2, [max(4, p4 // 16), max(4, p4 // 4), p4, 4 * p4], reps=20, rounds=3):
             allreduces.append(dict(bytes=a.message_bytes, ranks=a.ranks, measured_s=a.measured_s))
-    out = dict(gradient_steps=gradient_steps, step_cores=step_cores, input_draws=input_draws, allreduces=allreduces,
-               one_device_steps=one_device)
+    out = dict(gradient_steps=gradient_steps, step_cores=step_cores, input_draws=input_draws, allreduces=allreduces)
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     elif k.runs == "design":
@@ -315,34 +299,26 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 def _start(config, measurements):
     """The cpu_runtime preset with the lone steps and all-reduces of ``measurements`` fitted (stages 1-2)."""
-    from jaxsprint.calibration import host, model_fit, timing
-    from jaxsprint.calibration.measurements import gradient_step_seconds
+    from jaxsprint.calibration import host, host_fit, model_fit, timing
     from jaxsprint.perf import machines
 
     import numpy as np
 
     net = timing.runtime_network(config)
-    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), gradient_step_seconds(s), 0.0,
+    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), host_fit.gradient_step_seconds(s), 0.0,
                                   f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
            for a in measurements["allreduces"]]
-    try:  # absent in files of before the input draws (the one-device steps): the preset's figures are kept
+    try:  # absent in files of before the input draws: the preset's figure is kept
         draws = [(int(d["sub_batch"]), [float(x) for x in d["samples"]]) for d in measurements.get("input_draws", [])]
     except (KeyError, TypeError, ValueError):
         from jaxsprint.errors import DataError
 
         raise DataError("config.calibration.measurements", "input_draws", "a list of records with a sub_batch and "
                         "its draw times (samples), as this script writes") from None
-    try:
-        one = [(int(s["sub_batch"]), gradient_step_seconds(s)) for s in measurements.get("one_device_steps", [])]
-    except (KeyError, TypeError, ValueError):
-        from jaxsprint.errors import DataError
-
-        raise DataError("config.calibration.measurements", "one_device_steps", "a list of records with a sub_batch "
-                        "and its step times (samples), as this script writes") from None
     start = machines.get("cpu_runtime")
-    return (net, steps, ars, (float(np.median(cores)) if cores else None), draws, one, start,
+    return (net, steps, ars, (float(np.median(cores)) if cores else None), draws, start,
             host.load_host(start, "cpu_runtime"))
 
 
@@ -361,10 +337,10 @@ def measure_design(config, measured, log=print):
     from ml_collections import config_flags
 
     k = config.calibration
-    net, steps, ars, cores, draws, one, machine, host = _start(config, measured)
+    net, steps, ars, cores, draws, machine, host = _start(config, measured)
     held = {f: host_fit.FIXED[f] for f in host_fit.ALWAYS_FIXED}
     machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
-                                            input_draws=draws, fixed=held, one_device_steps=one)
+                                            input_draws=draws, fixed=held)
     pool = design.candidates()
     plan, split = [], []
     for e in pool:
@@ -452,13 +428,12 @@ def fit(config, measurements):
     """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
     from jaxsprint.calibration import host_fit
 
-    net, steps, ars, cores, draws, one, start, host = _start(config, measurements)
+    net, steps, ars, cores, draws, start, host = _start(config, measurements)
     runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
     k = config.calibration
     fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else host_fit.ALWAYS_FIXED)}
     return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores,
-                            input_draws=draws, one_device_steps=one, fixed=fixed,
-                            fix_undetermined=bool(k.fix_undetermined))
+                            input_draws=draws, fixed=fixed, fix_undetermined=bool(k.fix_undetermined))
 
 
 def save_preset(path, result, command, measurements_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxsprint.calibration import host as hf
-from jaxsprint.calibration import measurements, model_fit, host_fit as rc
+from jaxsprint.calibration import model_fit, host_fit as rc
 from jaxsprint.perf import times, zoo
 from jaxsprint.perf import machines as mc
 from perf_util import raises_invalid
@@ -127,8 +127,8 @@ def test_cross_validate_fits_each_run_without_it():
 def test_a_stored_step_stands_for_the_mean_of_its_samples():
     """A learner's mean cycle is made of every step, the slow ones too: the record's mean, not its median."""
     rec = dict(sub_batch=8, measured_s=2e-3, samples=[2e-3, 2e-3, 2e-3, 8e-3])
-    assert measurements.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
-    assert measurements.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples
+    assert rc.gradient_step_seconds(rec) == pytest.approx(3.5e-3)
+    assert rc.gradient_step_seconds(dict(sub_batch=8, measured_s=2e-3)) == 2e-3  # an older record: no samples
 
 
 def test_the_shared_device_wait_is_fitted_from_runs_of_both_placements():
@@ -208,17 +208,17 @@ def test_the_input_draw_per_sample_is_the_measured_slope_and_stage_3_holds_it():
     """A learner's host work per sample is the slope of its draws' trimmed means over the sub-batches (one
     disturbed draw in ten is trimmed); stages 1-2 set it, and stage 3 does not fit it."""
     draws = [(b, [1e-4 + 2e-5 * b] * 9 + [0.5]) for b in (8, 32, 128)]
-    slope, rse = measurements.input_per_sample(draws)
+    slope, rse = rc.input_per_sample(draws)
     assert slope == pytest.approx(2e-5, rel=1e-6) and rse == pytest.approx(0.0, abs=1e-6)
     _, host, fitted, rse_all, _, stages = rc.fit_device(*START, NET, input_draws=draws)
     assert float(host.learner_input_per_sample_s) == pytest.approx(2e-5, rel=1e-5)
     assert fitted[rc.INPUT_FIELD] == stages["input_per_sample_s"] == slope and rc.INPUT_FIELD in rse_all
     assert rc.INPUT_FIELD not in rc.RUNTIME_FIELDS
-    assert measurements.input_per_sample([(8, [3e-4]), (64, [1e-4])])[0] == 0.0  # a falling line: no cost per sample
+    assert rc.input_per_sample([(8, [3e-4]), (64, [1e-4])])[0] == 0.0  # a falling line: no cost per sample
     with raises_invalid("input_draws", [8, 8], "draws at 2 or more distinct sub-batches"):
-        measurements.input_per_sample([(8, [1e-4]), (8, [2e-4])])
+        rc.input_per_sample([(8, [1e-4]), (8, [2e-4])])
     with raises_invalid("input_draws", 32, "finite draw times > 0"):
-        measurements.input_per_sample([(8, [1e-4]), (32, [])])
+        rc.input_per_sample([(8, [1e-4]), (32, [])])
 
 
 def test_the_default_calibration_holds_the_lock_wait_term_off():
@@ -237,35 +237,3 @@ def test_the_default_calibration_holds_the_lock_wait_term_off():
         assert empty(off, n, 8) == pytest.approx(empty(off, n, 128), rel=1e-5)
         assert empty(off, n, 8) == pytest.approx(8e-5 + 6e-5 * n, rel=1e-4)
         assert empty(on, n, 128) > 1.01 * empty(on, n, 8)
-
-
-@pytest.mark.parametrize("noise", [0.0, 0.05])
-def test_the_one_device_speedup_is_measured_against_the_lone_steps(noise):
-    """sigma and b_sigma come back from lone steps 1 + sigma b / (b + b_sigma) times as fast in a process of one
-    device (5% noise: within its standard errors); stages 1-2 set them and stage 3 fits neither. With two
-    sub-batches b_sigma is undetermined: held at 0 with its reason, sigma fitted alone."""
-    rng = np.random.default_rng(3)
-    b = np.array([8, 16, 32, 64, 128])
-    lone = 1e-4 * b
-    one = lone / (1 + 1.3 * b / (b + 12.0)) * np.exp(noise * rng.normal(size=b.size))
-    sp = measurements.one_device_speedup(list(zip(b, lone, one)))
-    assert sp["held"] is None and sp["ratios"] == pytest.approx(lone / one)
-    for k, want in (("sigma", 1.3), ("half_batch", 12.0)):
-        assert sp[k] == pytest.approx(want, rel=max(1e-4, 3 * sp["rel_std_error"][k])), k
-    steps = [model_fit.StepTiming(NET, int(x), float(t), 0.0) for x, t in zip(b, lone)]
-    _, host, fitted, rse, _, stages = rc.fit_device(*START, NET, steps=steps, one_device_steps=list(zip(b, one)))
-    assert float(host.learner_one_device_speedup) == pytest.approx(sp["sigma"], rel=1e-5)
-    assert fitted["learner_one_device_half_batch"] == pytest.approx(sp["half_batch"], rel=1e-5)
-    assert stages["one_device"]["sigma"] == pytest.approx(sp["sigma"]) and "learner_one_device_speedup" in rse
-    assert not {"learner_one_device_speedup", "learner_one_device_half_batch"} & set(rc.RUNTIME_FIELDS)
-    fixed = {}
-    _, host, fitted, *_ = rc.fit_device(*START, NET, steps=steps, one_device_steps=list(zip(b, one))[::4],
-                                        fixed=fixed)
-    assert float(host.learner_one_device_half_batch) == 0.0 and "learner_one_device_half_batch" not in fitted
-    assert "do not determine it" in fixed["learner_one_device_half_batch"][1]
-    assert float(host.learner_one_device_speedup) == pytest.approx(np.exp(np.log(lone / one)[::4].mean()) - 1,
-                                                                   rel=0.02)
-    with raises_invalid("one_device_steps", [8.0, 8.0], "steps at 2 or more distinct sub-batches"):
-        measurements.one_device_speedup([(8, 1e-3, 5e-4), (8, 1e-3, 5e-4)])
-    with raises_invalid("one_device_steps", [[1e-3, 5e-4], [1e-3, 0.0]], "finite times > 0"):
-        measurements.one_device_speedup([(8, 1e-3, 5e-4), (16, 1e-3, 0.0)])

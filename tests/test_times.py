@@ -164,31 +164,6 @@ def test_runtime_times_by_their_formulas():
     assert np.isfinite(float(d)) and float(d) == pytest.approx(float(r.t_compute_s) * share, rel=0.05)
 
 
-def test_a_process_of_one_device_runs_its_lone_step_faster():
-    """One learner whose device the updater shares is a process of one device: its lone step is 1 + sigma b /
-    (b + b_sigma) times as fast (hand-computed bounds); with its own updater device, or two learners, it is
-    not."""
-    net = zoo.get("resnet8")
-    g, kappa, cu, sigma, b_sigma = 1.5e-3, 0.2, 0.3, 1.2, 16.0
-    m = mc.with_figures(mc.get("cpu_runtime"), updater_overhead_s=2e-3)
-    h = hf.with_figures(_host(), learner_overhead_s=g, learner_input_per_sample_s=0.0, learner_step_cores=1.0,
-                        updater_cores=cu, updater_queue=0.0, updater_apply_s=0.0, learner_lock_wait_s=0.0,
-                        updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa)
-    fast = hf.with_figures(h, learner_one_device_speedup=sigma, learner_one_device_half_batch=b_sigma)
-    step1 = float(times.compute_time_s(net, m, 32.0, 1.0))
-    one = hf.runtime_times(net, m, fast, learners_per_host=1, sub_batch=32, shared=1.0)
-    speedup = 1 + sigma * 32 / (32 + b_sigma)
-    assert float(one.t_compute_s) == pytest.approx(_smax(step1 * (1 + kappa) / speedup + g, g / 0.5,
-                                                         (step1 + g) / (2 - cu)), rel=1e-5)
-    for kw in (dict(learners_per_host=1, shared=0.0), dict(learners_per_host=2, shared=1.0),
-               dict(learners_per_host=1, hosts=2, shared=0.0)):
-        same = [float(hf.runtime_times(net, m, x, sub_batch=32, **kw).t_compute_s) for x in (h, fast)]
-        assert same[1] == pytest.approx(same[0], rel=1e-6), kw
-    two = [float(hf.runtime_times(net, m, x, learners_per_host=1, hosts=2, sub_batch=32, shared=1.0,
-                                  network_time_s=0.01).t_compute_s) for x in (h, fast)]
-    assert two[1] < 0.9 * two[0]  # each of two hosts' processes has one device (the cores bound shares it)
-
-
 def test_runtime_step_cores_grow_with_the_sub_batch():
     """p(b) = 1 + (p - 1) b / (b + b_p): one unit for a tiny step, p for a large one, half-way at b_p; flat at
     b_p = 0 (hand-computed), and the cores bound of T_c scales with its extra cores times the oversubscription."""

@@ -72,18 +72,6 @@ def test_gradient_steps_of_the_runtime_learner_and_its_network():
         timing.measure_gradient_cores(_sprint_config(), [2], min_reps=0)
 
 
-@pytest.mark.slow  # a new process: JAX, the data and two compiles
-def test_gradient_steps_in_a_process_of_one_device():
-    """The lone steps timed again in a new process that has one CPU device (its worker checks that), whatever
-    this process's devices; a bad sub-batch is refused before the process starts."""
-    out = timing.measure_one_device_steps(_sprint_config(), [2, 4], rounds=1, min_time_s=0.0, timeout_s=300)
-    assert len(out) == 2
-    for seconds, samples in out:
-        assert len(samples) >= 3 and all(s > 0 for s in samples) and min(samples) <= seconds <= max(samples)
-    with raises_invalid("sub_batches", [0], "integers >= 1"):
-        timing.measure_one_device_steps(_sprint_config(), [0])
-
-
 def test_input_draws_of_the_runtime_learner_grow_with_the_sub_batch():
     """Every draw is timed (rounds interleaved); drawing 16 times the samples takes longer on average."""
     out = timing.measure_input_draws(_sprint_config(), [4, 64], rounds=2, min_time_s=0.05, min_reps=10)

@@ -27,8 +27,6 @@ def get_config() -> ml_collections.ConfigDict:
     k.rounds = 3                    # interleaved rounds of the single-learner timing
     k.rounds_after = 2              # its rounds again after the design's runs (0: none); the fit takes both
     k.step_time_s = 1.0             # seconds of each sub-batch's steps per round (and of its cores measurement)
-    k.one_device_sub_batches = 3    # of sub_batches (the smallest, the largest, between) timed again in a process
-    #                                 of one device (learner_one_device_speedup); 0: none, the figure neutral
     # 2. Runtime runs, unless runs_from gives them. design: runs chosen from the figures' sensitivities
     # (jaxsprint.calibration.design: 1-2 hosts, 1-8 learners, sub-batch 8-128, network 0-100 ms, both updater
     # placements; one run of every (hosts, placement, network or not) first), the runs of one process layout

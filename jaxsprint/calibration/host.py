@@ -7,8 +7,7 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
 
 .. math::
     T_c = \big(t_{lone}^k + t_{lock}^k + t_{cores}^k\big)^{1/k}, \quad
-    t_{lone} = \frac{T_c(b)\,(1 + \kappa H \beta)}{1 + \sigma \frac{b}{b + b_\sigma} [D = 1]} + g + w_L \beta, \quad
-    t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
+    t_{lone} = T_c(b)\,(1 + \kappa H \beta) + g + w_L \beta, \quad t_{lock} = \frac{N_h\,g}{1 - \beta/2}, \quad
     t_{cores} = \frac{N\,(p_N(b)\,T_c(b) + g)}{C - H \beta c_u}, \quad
     p_N(b) = 1 + (p - 1)\frac{b}{b + b_p}\big(1 - \tfrac{C}{N}\big)^+, \\
     T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
@@ -31,10 +30,7 @@ lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` on
 kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``z`` =
 ``updater_sync_per_learner_s`` (co-located hosts), ``beta_host`` the updater's streaming bandwidth, ``t_net``
 the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`; ``omega`` = ``updater_apply_core_wait_s``, an
-applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead);
-``sigma``, ``b_sigma`` = ``learner_one_device_speedup``, ``learner_one_device_half_batch``: a process of one
-device (``D = 1``: one learner, the updater on its device) runs a program on all its cores (XLA's CPU client; a
-GPU host has no such term, 0), a lone step measured ``1 + sigma b / (b + b_sigma)`` times as fast.
+applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead).
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
@@ -101,9 +97,6 @@ class HostFigures:
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
-      learner_one_device_speedup: ``sigma``, a lone step ``1 + sigma b / (b + b_sigma)`` times as fast in a
-        process of one device (one learner, its updater on that device) as in one of several.
-      learner_one_device_half_batch: ``b_sigma``, the sub-batch at which half of ``sigma`` shows (0: all of it).
       learner_cv: Coefficient of variation of the learner cycle.
       updater_cv: Coefficient of variation of the updater's own work.
       name: Name (static).
@@ -126,8 +119,6 @@ class HostFigures:
     updater_apply_core_wait_s: jax.Array
     learner_lock_wait_s: jax.Array
     learner_updater_stretch: jax.Array
-    learner_one_device_speedup: jax.Array
-    learner_one_device_half_batch: jax.Array
     learner_cv: jax.Array
     updater_cv: jax.Array
     name: str = struct.field(pytree_node=False, default="host")
@@ -137,7 +128,7 @@ class HostFigures:
 FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
 _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
 # Figures added after host format 3 was first written: a section without them loads them neutral (term off).
-ADDED_LATER = ("updater_apply_core_wait_s", "learner_one_device_speedup", "learner_one_device_half_batch")
+ADDED_LATER = ("updater_apply_core_wait_s",)
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
@@ -155,8 +146,6 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
-    learner_one_device_speedup=(0.0, "neutral: 0 (a step as fast whatever the devices of its process)"),
-    learner_one_device_half_batch=(0.0, "neutral: 0 (the one-device speed-up the same at every sub-batch)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
     updater_cv=(0.0, "neutral: 0 (a deterministic updater cycle, the protocol's assumption)"),
 )
@@ -294,17 +283,13 @@ def applying_share(rate: jax.Array, t_empty: jax.Array, t_applying: jax.Array) -
 
 
 def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy,
-                   updater_load=None, one_device=0.0):
+                   updater_load=None):
     """:func:`runtime_compute_time_s` from its device step ``step`` (computed once by the callers)."""
     c = host.cores_per_node if cores is None else cores
     n_h = n if learners_per_host is None else jnp.asarray(learners_per_host, jnp.float32)
     load = updater_busy if updater_load is None else updater_load
     g = learner_host_s(host, sub_batch)
-    # A process of one device runs a program on all its cores (the same work: only the lone bound is faster).
-    b = jnp.asarray(sub_batch, jnp.float32)
-    lone_step = step / (1.0 + host.learner_one_device_speedup * b / (b + host.learner_one_device_half_batch)
-                        * one_device)
-    lone = lone_step * (1.0 + host.learner_updater_stretch * load) + g + host.learner_lock_wait_s * updater_busy
+    lone = step * (1.0 + host.learner_updater_stretch * load) + g + host.learner_lock_wait_s * updater_busy
     lock = n_h * g / jnp.maximum(1e-3, 1.0 - 0.5 * updater_busy)
     over = jnp.clip(1.0 - c / jnp.maximum(n, 1.0), 0.0, 1.0)  # oversubscription: 0 with N <= C learners
     p_eff = 1.0 + (step_cores(host, sub_batch) - 1.0) * over
@@ -317,18 +302,16 @@ def _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_d
 def runtime_compute_time_s(network: NetworkCost, machine: Machine, host: HostFigures, sub_batch: jax.Array,
                            learners: jax.Array, *, learners_per_host: jax.Array | None = None,
                            cores: jax.Array | None = None, updater_demand: jax.Array = 0.0,
-                           updater_busy: jax.Array = 0.0, one_device: jax.Array = 0.0) -> jax.Array:
+                           updater_busy: jax.Array = 0.0) -> jax.Array:
     """Learner cycle ``T_c``: the smooth maximum of its three bounds (module docstring), in seconds.
 
     ``learners``: ``N`` on the cores (every host's when the hosts are processes of one machine);
     ``learners_per_host``: ``N_h`` sharing one lock (default ``N``); ``cores``: ``C`` (default the host's);
-    ``updater_demand``: ``H beta c_u``; ``updater_busy``: ``beta``; ``one_device``: 1 where each process has
-    one device (one learner, the updater on its device).
+    ``updater_demand``: ``H beta c_u``; ``updater_busy``: ``beta``.
     """
     n = jnp.asarray(learners, jnp.float32)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=n)
-    return _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy,
-                          one_device=one_device)
+    return _learner_cycle(host, step, sub_batch, n, learners_per_host, cores, updater_demand, updater_busy)
 
 
 def _update_parts(network, machine, host, nodes, learners, network_time_s, sharing_learners, cores, algorithm,
@@ -412,7 +395,6 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     # A program issued right after a gather (one host, no network time) starts in step with the learners.
     unaligned = jnp.logical_or(jnp.asarray(network_time_s, jnp.float32) > 0.0, h > 1)
     shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32) * jnp.where(unaligned, 1.0, 0.0)
-    one_device = jnp.where(per_host <= 1.0, jnp.asarray(shared, jnp.float32), 0.0)  # each process: one device
 
     g = learner_host_s(host, sub_batch)
 
@@ -425,7 +407,7 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
-                             beta, updaters * beta, one_device)
+                             beta, updaters * beta)
         return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + per_program + t_wait
 
     def state(nonempty, t_c_before):  # float32 throughout: the loop's carry keeps one type

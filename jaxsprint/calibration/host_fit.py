@@ -10,9 +10,7 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
    is made of all its steps, slow ones included), 10%-trimmed (a burst of other work on the machine during
    the timing, steps 3x the median, stays out); the cores a lone step keeps busy start ``learner_step_cores``;
    the slope of a learner's input draw over the sub-batches is ``learner_input_per_sample_s``, measured and
-   held (:func:`jaxsprint.calibration.measurements.input_per_sample`); the lone steps in a process of one
-   device against them give ``learner_one_device_speedup`` and its half batch
-   (:func:`jaxsprint.calibration.measurements.one_device_speedup`).
+   held (:func:`input_per_sample`).
 2. **Network** (the same fit on the all-reduces): ``network_latency_s`` and ``network_bandwidth_bytes_per_s``.
 3. **Sharing and the updater** (:func:`fit_runtime`): the host figures of :data:`RUNTIME_FIELDS`, by least
    squares on the log-errors of both cycle means (``T_c``, ``T_u``) of every run, in log parameters inside
@@ -32,10 +30,10 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 
 from jaxsprint.errors import check
 from jaxsprint.calibration import host as hostfig
-from jaxsprint.calibration import measurements
 from jaxsprint.calibration import model_fit as calib
 from jaxsprint.calibration.host import HostFigures
 from jaxsprint.perf import fit as lsq
@@ -46,7 +44,7 @@ from jaxsprint.perf.networks import NetworkCost
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
            "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD",
            "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device",
-           "fit_runtime", "predict_runs", "sensitivities", "with_figures"]
+           "fit_runtime", "gradient_step_seconds", "input_per_sample", "predict_runs", "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
@@ -202,6 +200,35 @@ class RuntimeFit:
         return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound, loss=self.loss,
                     compute=calib.error_stats(self.compute_errors), update=calib.error_stats(self.update_errors),
                     stages=self.stages)
+
+
+def gradient_step_seconds(record: dict[str, Any]) -> float:
+    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
+    (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
+    samples = record.get("samples") or []
+    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
+
+
+def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
+    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
+    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
+    sub-batches; a slope below 0 is 0).
+
+    Raises:
+      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
+    """
+    b = [int(x) for x, _ in draws]
+    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
+    t = []
+    for x, samples in draws:
+        v = np.asarray(samples, np.float64)
+        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
+              "a sub-batch with finite draw times > 0")
+        t.append(float(scipy.stats.trim_mean(v, 0.1)))
+    line = scipy.stats.linregress(b, t)
+    slope = max(float(line.slope), 0.0)
+    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
+    return slope, rse
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -433,11 +460,10 @@ def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, ru
 def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
                steps: Sequence[calib.StepTiming] = (), allreduces: Sequence[calib.AllreduceTiming] = (),
                step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (),
-               seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None,
-               one_device_steps: Sequence[tuple[int, float]] = ()
+               seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None
                ) -> tuple[Machine, HostFigures, dict[str, float], dict[str, float], list[str], dict[str, Any]]:
-    """Stages 1 and 2 of :func:`fit_all` (the lone step, in processes of several devices and of one, the input
-    draws and the all-reduces; a stage without measurements is skipped), with ``fixed`` held; where the steps do not determine a compute figure, the memory
+    """Stages 1 and 2 of :func:`fit_all` (the lone step, the input draws and the all-reduces; a stage without
+    measurements is skipped), with ``fixed`` held; where the steps do not determine a compute figure, the memory
     bandwidth (at its top) and then the small-batch half batch (at 0) are held off and added to ``fixed``.
 
     Returns:
@@ -457,22 +483,11 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
         stages["step_cores"] = float(step_cores)
     input_draws = list(input_draws)
     if input_draws:
-        per_sample, per_sample_rse = measurements.input_per_sample(input_draws)
+        per_sample, per_sample_rse = input_per_sample(input_draws)
         host = host.replace(**{INPUT_FIELD: jnp.float32(per_sample)})
         fitted[INPUT_FIELD], rse[INPUT_FIELD] = per_sample, per_sample_rse
         stages["input_per_sample_s"] = per_sample
-    steps, one = list(steps), {int(b): float(t) for b, t in one_device_steps}
-    if one:  # measured against the lone steps at the same sub-batches
-        sp = measurements.one_device_speedup([(s.sub_batch, s.measured_s, one[s.sub_batch]) for s in steps
-                                              if s.sub_batch in one], UNDETERMINED_RSE)
-        host = host.replace(learner_one_device_speedup=jnp.float32(sp["sigma"]),
-                            learner_one_device_half_batch=jnp.float32(sp["half_batch"]))
-        for f, k in (("learner_one_device_speedup", "sigma"), ("learner_one_device_half_batch", "half_batch")):
-            if k == "half_batch" and sp["held"]:
-                fixed[f] = (0.0, sp["held"])
-            else:
-                fitted[f], rse[f] = sp[k], sp["rel_std_error"][k]
-        stages["one_device"] = dict(sigma=sp["sigma"], half_batch=sp["half_batch"], ratios=sp["ratios"])
+    steps = list(steps)
     if steps:
         fields = [f for f in COMPUTE_FIELDS if f not in fixed][:len(steps)]
         def stage1(fields):
@@ -514,7 +529,7 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
 def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps: Sequence[calib.StepTiming] = (),
             allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
             step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (),
-            one_device_steps: Sequence[tuple[int, float]] = (), co_located: bool = True, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None,
+            co_located: bool = True, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None,
             fix_undetermined: bool = False) -> RuntimeFit:
     """All three stages (module docstring); a stage without measurements is skipped.
 
@@ -526,10 +541,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       allreduces: All-reduces over the runtime's processes.
       runs: Measured runtime runs.
       step_cores: The measured cores of a lone learner step (``learner_step_cores``; None: the machine's).
-      input_draws: ``[(sub_batch, draw seconds)]`` of a learner's input draw (:func:`~jaxsprint.calibration.
-        measurements.input_per_sample`; none: the host's ``learner_input_per_sample_s`` is kept).
-      one_device_steps: ``[(sub_batch, seconds)]`` of the lone step in a process of one device, at sub-batches
-        of ``steps`` (:func:`~jaxsprint.calibration.measurements.one_device_speedup`; none: the host's kept).
+      input_draws: ``[(sub_batch, draw seconds)]`` of a learner's input draw (:func:`input_per_sample`; none:
+        the host's ``learner_input_per_sample_s`` is kept).
       co_located: The hosts of multi-host runs were processes of this machine.
       seed: Seed of the random starts of stages 1 and 2.
       fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
@@ -550,7 +563,7 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
     fixed = dict(fixed or {})
     m, host, fitted, rse, at_bound, stages = fit_device(machine, host, network, steps=steps, allreduces=allreduces,
                                                         step_cores=step_cores, input_draws=input_draws, seed=seed,
-                                                        fixed=fixed, one_device_steps=one_device_steps)
+                                                        fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
     res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
     while fix_undetermined:

@@ -1,9 +1,8 @@
 """Measurement files, the calibration's input: measured step and all-reduce timings, read and checked.
 
 A measurement file is read by :func:`load_measurements` into plain records, which :func:`step_timings` and
-:func:`allreduce_timings` turn into the inputs of :func:`jaxsprint.calibration.model_fit.fit`
-(:func:`gradient_step_seconds`, :func:`input_per_sample` and :func:`one_device_speedup` read the runtime
-calibration's lone steps and draws). Two layouts are read:
+:func:`allreduce_timings` turn into the inputs of :func:`jaxsprint.calibration.model_fit.fit`. Two layouts
+are read:
 
 - ``{"measurements": {"steps": [...], "allreduces": [...]}}``: a preset or ``*_measurements.json`` written
   by ``experiments/calibrate.py`` (steps of this project's CIFAR ResNets, by model name and batch; momentum
@@ -18,18 +17,13 @@ import json
 import math
 from typing import Any, Sequence
 
-import numpy as np
-import scipy.optimize
-import scipy.stats
-
 from jaxsprint.calibration.model_fit import AllreduceTiming, StepTiming
-from jaxsprint.errors import DataError, check
+from jaxsprint.errors import DataError
 from jaxsprint.perf import zoo
 from jaxsprint.perf.networks import NetworkCost
 from jaxsprint.perf.presets import WRITER, read_json
 
-__all__ = ["allreduce_timings", "gradient_step_seconds", "input_per_sample", "load_measurements", "one_device_speedup",
-           "step_timings"]
+__all__ = ["allreduce_timings", "load_measurements", "step_timings"]
 
 # Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
 # writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
@@ -151,77 +145,3 @@ def allreduce_timings(records: Sequence[dict[str, Any]]) -> list[AllreduceTiming
     """:class:`~jaxsprint.calibration.model_fit.AllreduceTiming` of all-reduce records."""
     return [AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]),
                             f"allreduce {int(a['bytes'])} B x {int(a['ranks'])}") for a in records]
-
-
-def gradient_step_seconds(record: dict[str, Any]) -> float:
-    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
-    (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
-    samples = record.get("samples") or []
-    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
-
-
-def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
-    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
-    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
-    sub-batches; a slope below 0 is 0).
-
-    Raises:
-      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
-    """
-    b = [int(x) for x, _ in draws]
-    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
-    t = []
-    for x, samples in draws:
-        v = np.asarray(samples, np.float64)
-        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
-              "a sub-batch with finite draw times > 0")
-        t.append(float(scipy.stats.trim_mean(v, 0.1)))
-    line = scipy.stats.linregress(b, t)
-    slope = max(float(line.slope), 0.0)
-    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
-    return slope, rse
-
-
-def one_device_speedup(steps: Sequence[tuple[int, float, float]], undetermined_rse: float = 1.0
-                       ) -> dict[str, Any]:
-    """``sigma`` and ``b_sigma`` of a lone step ``1 + sigma b / (b + b_sigma)`` times as fast in a process of one
-    device as in one of several, from ``[(sub_batch, seconds among several, seconds alone)]``.
-
-    Least squares on the log ratios (:func:`scipy.optimize.least_squares`, ``sigma`` in [0, 16], ``b_sigma``
-    in [0, 1000]); where the steps do not determine ``b_sigma`` (relative standard error above
-    ``undetermined_rse``, or on a bound) it is held at 0 (one speed-up at every sub-batch) and ``sigma`` fitted
-    alone. Returns ``dict(sigma, half_batch, rel_std_error={...}, held=reason or None, ratios)``.
-
-    Raises:
-      ConfigError: fewer than 2 distinct sub-batches, or a time not finite and > 0.
-    """
-    b = np.asarray([float(x) for x, _, _ in steps])
-    check(len(set(b.tolist())) >= 2, "one_device_steps", b.tolist(), "steps at 2 or more distinct sub-batches")
-    t = np.asarray([[float(u), float(v)] for _, u, v in steps])
-    check(bool(np.all(np.isfinite(t) & (t > 0))), "one_device_steps", t.tolist(), "finite times > 0")
-    log_ratio = np.log(t[:, 0] / t[:, 1])
-
-    def fit(half):
-        def res(x):
-            return np.log1p(x[0] * b / (b + (x[1] if half is None else half))) - log_ratio
-        x0, lo, hi = ([1.0, 8.0], [0.0, 0.0], [16.0, 1e3]) if half is None else ([1.0], [0.0], [16.0])
-        r = scipy.optimize.least_squares(res, x0, bounds=(lo, hi))
-        dof = len(b) - len(r.x)
-        try:
-            cov = np.linalg.inv(r.jac.T @ r.jac) * (2 * r.cost / dof if dof > 0 else np.inf)
-            se = np.sqrt(np.diag(cov))
-        except np.linalg.LinAlgError:
-            se = np.full(len(r.x), np.inf)
-        rse = [float(e / abs(v)) if v != 0 else math.inf for e, v in zip(se, r.x)]
-        return r.x, rse, r.active_mask
-
-    x, rse, active = fit(None)
-    held = None
-    if not rse[1] <= undetermined_rse or active[1] != 0:
-        why = "on a bound" if active[1] != 0 else f"relative standard error {rse[1]:.3g}"
-        held = (f"held at 0 (one speed-up at every sub-batch), not fitted: the lone steps of one device do not "
-                f"determine it (fitted, {float(x[1]):.4g}, {why})")
-        (sigma,), (sigma_rse,), _ = fit(0.0)
-        x, rse = [sigma, 0.0], [sigma_rse, math.inf]
-    return dict(sigma=float(x[0]), half_batch=float(x[1]), rel_std_error=dict(sigma=rse[0], half_batch=rse[1]),
-                held=held, ratios=[float(r) for r in np.exp(log_ratio)])

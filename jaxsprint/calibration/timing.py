@@ -243,55 +243,6 @@ def measure_gradient_cores(config, sub_batches: Sequence[int], *, min_time_s: fl
     return out
 
 
-_ONE_DEVICE_WORKER = """
-import json, sys
-args = json.loads(sys.argv[1])
-import jax, ml_collections
-from jaxsprint.calibration import timing
-def tuples(x):  # JSON made the config's tuples lists
-    return {k: tuples(v) for k, v in x.items()} if isinstance(x, dict) else tuple(x) if isinstance(x, list) else x
-assert len(jax.devices()) == 1, jax.devices()
-out = timing.measure_gradient_steps(ml_collections.ConfigDict(tuples(args["config"])), args["sub_batches"],
-                                    rounds=args["rounds"], min_time_s=args["min_time_s"])
-print("RESULT " + json.dumps([[t, list(s)] for t, s in out]), flush=True)
-"""
-
-
-def measure_one_device_steps(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.2,
-                             timeout_s: float = 300.0) -> list[tuple[float, list[float]]]:
-    """:func:`measure_gradient_steps` in a new process of ONE CPU device.
-
-    A process of one CPU device (the runtime's with one learner whose device the updater shares) runs each
-    program on all the machine's cores; one of several devices, on one. The calibration times both
-    (``learner_one_device_speedup``).
-
-    Raises:
-      ConfigError: as :func:`measure_gradient_steps`, or the process exceeds ``timeout_s`` (it is then killed).
-      RuntimeError: the process failed or printed no result (the message ends with its last stderr line).
-    """
-    import re
-
-    check(all(isinstance(b, int) and b >= 1 for b in sub_batches), "sub_batches", list(sub_batches),
-          "integers >= 1")
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(flags + " --xla_force_host_platform_device_count=1").strip(),
-               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
-    args = dict(config=json.loads(config.to_json()), sub_batches=[int(b) for b in sub_batches], rounds=int(rounds),
-                min_time_s=float(min_time_s))
-    try:
-        (done,) = subprocs.run_together([[sys.executable, "-c", _ONE_DEVICE_WORKER, json.dumps(args)]], env=env,
-                                        timeout_s=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ConfigError("timeout_s", timeout_s, "enough for the lone steps in a process of one device (they did "
-                                                  "not finish; the process was stopped)") from None
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if done.returncode != 0 or line is None:
-        tail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no message"
-        raise RuntimeError(f"the lone steps in a process of one device failed (exit {done.returncode}): {tail}")
-    return [(float(t), [float(x) for x in samples]) for t, samples in json.loads(line[len("RESULT "):])]
-
-
 def measure_input_draws(config, sub_batches: Sequence[int], *, rounds: int = 3, min_time_s: float = 0.1,
                         min_reps: int = 5) -> list[list[float]]:
     """Wall seconds of one runtime learner's input draw at each sub-batch: every sample, rounds interleaved.
@@ -417,14 +368,14 @@ def merge_lone_steps(before, after):
     ``experiments/calibrate_runtime.py`` makes them): every sample of both (the fit takes their trimmed mean,
     so the machine's speed over the whole calibration), the better best-round median, each timing's trimmed mean
     (``before_s``, ``after_s``) with ``drift = after_s / before_s - 1``."""
-    from jaxsprint.calibration import measurements
+    from jaxsprint.calibration import host_fit
 
     later = {g["sub_batch"]: g for g in after}
     out = []
     for g in before:
         a = later[g["sub_batch"]]
         samples = list(g["samples"]) + list(a["samples"])
-        t0, t1 = measurements.gradient_step_seconds(g), measurements.gradient_step_seconds(a)
+        t0, t1 = host_fit.gradient_step_seconds(g), host_fit.gradient_step_seconds(a)
         out.append(dict(sub_batch=g["sub_batch"], measured_s=min(g["measured_s"], a["measured_s"]),
                         mean_s=float(sum(samples) / len(samples)), samples=samples, before_s=t0, after_s=t1,
                         drift=t1 / t0 - 1.0))
