@@ -34,11 +34,9 @@ applying cycle's wait for a core among the learner threads of its host (co-locat
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
-each updater program waits ``w T_c`` behind its step where the program starts at a random point of that step
-(after the emulated network time or the wait for the other hosts); on one host without network time the
-updater issues it right after a gather, in step with the learners, and it does not wait. With the neutral
-figures (:func:`neutral`) the form is the SPRINT model's. The form and its figures: docs/calibration.md;
-they are the ``host`` section of a machine's preset file (:func:`load_host`).
+each updater program waits ``w T_c`` behind its step. With the neutral figures (:func:`neutral`) the form is
+the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
+machine's preset file (:func:`load_host`).
 """
 from __future__ import annotations
 
@@ -392,9 +390,7 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
                                                      sharing, None, algorithm, sub_batch, co_located)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
-    # A program issued right after a gather (one host, no network time) starts in step with the learners.
-    unaligned = jnp.logical_or(jnp.asarray(network_time_s, jnp.float32) > 0.0, h > 1)
-    shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32) * jnp.where(unaligned, 1.0, 0.0)
+    shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
 
     g = learner_host_s(host, sub_batch)
 
