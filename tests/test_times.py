@@ -120,7 +120,7 @@ def test_runtime_times_by_their_formulas():
                         updater_per_learner_s=c, updater_cores=cu, updater_hosts_stretch=sh, updater_queue=0.0, updater_cv=0.4,
                         updater_apply_s=0.0, learner_step_cores_half_batch=0.0, learner_lock_wait_s=0.0,
                         updater_lock_waits=0.0, updater_shared_wait=0.0, learner_updater_stretch=kappa,
-                        updater_sync_per_learner_s=0.0)
+                        updater_sync_per_learner_s=0.0, updater_apply_core_wait_s=0.0)
     p4 = 4.0 * float(net.total_params)
     host = lambda n_h: (n_h + float(m.updater_passes)) * p4 / float(m.host_memory_bandwidth_bytes_per_s)  # noqa
     ring = float(collectives.allreduce_time_s(p4, 2.0, m.network_latency_s, m.network_bandwidth_bytes_per_s))
@@ -192,7 +192,7 @@ def test_runtime_apply_cost_is_paid_by_the_cycles_that_gather_a_gradient():
     rt = mc.get("cpu_runtime")
     base = hf.with_figures(_host(), updater_apply_s=0.0, updater_hosts_stretch=0.5, updater_queue=0.0,
                            updater_lock_waits=0.0, learner_updater_stretch=0.0,
-                           updater_sync_per_learner_s=0.0,  # those terms apart (the tests above and below)
+                           updater_sync_per_learner_s=0.0, updater_apply_core_wait_s=0.0,  # those terms apart
                            updater_per_learner_s=1e-4)  # an empty cycle of 0.1 ms per learner
     t_a = 4e-3
     m = hf.with_figures(base, updater_apply_s=t_a)
@@ -266,7 +266,7 @@ def test_smooth_max_has_a_finite_gradient_where_both_are_zero():
 def test_runtime_interpreter_lock_waits_by_their_formulas():
     """The updater waits n_L times a cycle behind the learners' host work (rho = N_h g / T_c, an M/M/1 wait
     g rho / (1 - rho)); a learner waits w_L per cycle behind a busy updater (w_L beta in its lone cycle); the
-    shared device adds w T_c per updater program (hand-computed at runtime_times' fixed point)."""
+    shared device adds w device steps T_c(b) per update program (hand-computed at runtime_times' fixed point)."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
     g, n_l, w_l, w = 1e-3, 2.0, 3e-3, 0.25
@@ -281,9 +281,9 @@ def test_runtime_interpreter_lock_waits_by_their_formulas():
         share = _share(6, r)
         rho = min(0.95, 6 * g / t_c)
         u0 = float(hf.runtime_update_time_s(net, rt, base, 1, 6, 0.004, sub_batch=8.0, nonempty=share))
-        assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * w * t_c * share, rel=2e-3)
-        beta = (t_u - 0.004) / t_u
         step = float(times.compute_time_s(net, rt, 8.0, 6.0))
+        assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * w * step * share, rel=2e-3)
+        beta = (t_u - 0.004) / t_u
         p = 1 + (float(hf.step_cores(m, 8.0)) - 1) * (1 - float(m.cores_per_node) / 6)
         want = _smax(step + g + w_l * beta, 6 * g / (1 - beta / 2),
                      6 * (p * step + g) / (float(m.cores_per_node) - beta * float(m.updater_cores)))

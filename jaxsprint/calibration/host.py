@@ -13,10 +13,11 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_u = (1 - a)\,T_{empty} + a\,T_{apply}, \quad \beta = t_{own} / T_u, \quad
     \rho = \min(0.95, N_h g / T_c), \quad a = \frac{p_E}{1 - p_A + p_E}, \quad p_X = 1 - e^{-N_{all} T_X / T_c}, \\
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
-                + (t_{prog} + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
+                + (t_{queue} + w_R\,T_c(b)\,d + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1])
                 + \omega\,(N - C + 1)^+ [one\ host], \quad
-    t_{prog} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]) + w\,T_c\,[shared]
+    t_{prog} = t_{queue} + w\,T_c(b)\,d, \quad t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad
+    d = [shared]\,[N_h > 1]
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g = g_0 + g_s b`` a learner's
 host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_sample_s`` per sample drawn),
@@ -33,8 +34,10 @@ the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`; ``omega`` = ``upda
 applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead).
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
-busy updater. ``w`` = ``updater_shared_wait``: with the updater on the first learner's device (``shared``),
-each updater program waits ``w T_c`` behind its step. With the neutral figures (:func:`neutral`) the form is
+busy updater. Shared device (``d``): with the updater on the first learner's device, an update program waits
+``w`` = ``updater_shared_wait`` device steps behind that learner's, an all-reduce between hosts ``w_R`` =
+``updater_shared_allreduce_wait`` (it waits for every host's device); a host's only learner is between steps
+when its gradient arrives, so ``d = 0`` there. With the neutral figures (:func:`neutral`) the form is
 the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
 machine's preset file (:func:`load_host`).
 """
@@ -64,7 +67,7 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-3"
+HOST_FORMAT = "jaxsprint-host-4"  # 4: the shared-device waits in device steps (3: in learner cycles)
 # An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
 # empty cycle of no time would make T_u 0 and the mini-batch 0/0.
 MIN_CYCLE_S = 1e-6
@@ -86,7 +89,8 @@ class HostFigures:
       updater_hosts_stretch: ``s_H``, the stretch of the updater's own work with several co-located hosts.
       updater_cores: ``c_u``, the units an updater takes while it works.
       updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
-      updater_shared_wait: ``w``, the share of a learner cycle one updater program waits on a shared device.
+      updater_shared_wait: ``w``, the device steps an update program waits on a shared device (host of 2+ learners).
+      updater_shared_allreduce_wait: ``w_R``, the same for each all-reduce between hosts.
       updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
       updater_sync_per_learner_s: ``z``, the wait of each all-reduce between hosts that are processes of one
         machine, per learner thread on its cores (the other updater must get a core among them).
@@ -112,6 +116,7 @@ class HostFigures:
     updater_cores: jax.Array
     updater_apply_s: jax.Array
     updater_shared_wait: jax.Array
+    updater_shared_allreduce_wait: jax.Array
     updater_lock_waits: jax.Array
     updater_sync_per_learner_s: jax.Array
     updater_apply_core_wait_s: jax.Array
@@ -138,7 +143,8 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_hosts_stretch=(0.0, "neutral: 0 (co-located hosts do not slow each other's updater)"),
     updater_cores=(0.0, "neutral: 0 (the updater takes no compute unit from the learners)"),
     updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
-    updater_shared_wait=(0.0, "neutral: 0 (the updater's programs never wait behind a learner's on its device)"),
+    updater_shared_wait=(0.0, "neutral: 0 (an update program never waits behind a learner's on its device)"),
+    updater_shared_allreduce_wait=(0.0, "neutral: 0 (an all-reduce never waits behind a learner's program)"),
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
     updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
     updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
@@ -207,6 +213,9 @@ def host_json(host: HostFigures, **extra: Any) -> dict[str, Any]:
 
 def _from_json(section: Any, path: str) -> HostFigures:
     what = f"a host section (format {HOST_FORMAT!r}) with every figure of HostFigures"
+    if isinstance(section, dict) and section.get("format") == "jaxsprint-host-3":
+        what += ("; this one is 'jaxsprint-host-3' (shared-device waits in learner cycles): fit it again, "
+                 "experiments/calibrate_runtime.py --config.calibration.fit_only=True")
     if not isinstance(section, dict) or section.get("format") != HOST_FORMAT or not isinstance(
             section.get("figures"), dict):
         raise DataError("machine_file", path, what)
@@ -390,21 +399,24 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
                                                      sharing, None, algorithm, sub_batch, co_located)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
-    shared_wait = host.updater_shared_wait * jnp.asarray(shared, jnp.float32)
+    # On a shared device, behind the learner's program (none where it is the host's only learner: it has just
+    # finished the gradient that starts the update); in device steps, whatever the learner's wait for cores.
+    device = step * jnp.asarray(shared, jnp.float32) * jnp.where(per_host > 1.0, 1.0, 0.0)
+    apply_wait = t_queue + host.updater_shared_wait * device
+    allreduce_wait = t_queue + host.updater_shared_allreduce_wait * device
 
     g = learner_host_s(host, sub_batch)
 
     def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
         rho = jnp.minimum(0.95, per_host * g / t_c_before)  # the learners' lock share
         t_lock = host.updater_lock_waits * g * rho / (1.0 - rho)
-        per_program = t_queue + shared_wait * t_c_before
-        t_empty = jnp.maximum(t_base + per_program * programs + t_lock, MIN_CYCLE_S)
-        t_own = t_empty + (t_apply + per_program) * nonempty
+        t_empty = jnp.maximum(t_base + allreduce_wait * programs + t_lock, MIN_CYCLE_S)
+        t_own = t_empty + (t_apply + apply_wait) * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
                              beta, updaters * beta)
-        return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + per_program + t_wait
+        return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + apply_wait + t_wait
 
     def state(nonempty, t_c_before):  # float32 throughout: the loop's carry keeps one type
         return tuple(jnp.asarray(x, jnp.float32) for x in cycles(nonempty, t_c_before))
