@@ -362,7 +362,8 @@ def measure_design(config, measured, log=print):
     def extra_s(i, chosen):  # the series' processes, if none is started yet; the step for a new sub-batch
         same = [pool[j].sub_batch for j in chosen if layout[j] == layout[i]]
         compile_s = k.run_compile_s * pool[i].hosts * pool[i].learners_per_host
-        return (0.0 if same else k.run_startup_s) + (0.0 if pool[i].sub_batch in same else compile_s)
+        start_s = k.run_startup_s * pool[i].hosts  # the processes share the cores and then join each other
+        return (0.0 if same else start_s) + (0.0 if pool[i].sub_batch in same else compile_s)
 
     cost = [k.run_segment_s + d for d in plan]
     chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4, extra_s=extra_s)
@@ -382,11 +383,17 @@ def measure_design(config, measured, log=print):
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
         for n, members in enumerate(series.values()):
-            # Runs that no longer fit in budget_s at the pace measured so far are dropped, least informative first.
+            # Runs that no longer fit in budget_s at the pace measured so far are dropped: the design chooses again
+            # among them, given the runs done (the design's order alone would drop a run that pins a figure).
             ahead = [i for i in chosen if i not in done and i not in dropped]
+            pace = max(1.0, took_s / planned_s) if planned_s else 1.0
             keep = design.affordable(ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
-                                     k.budget_s - took_s, max(1.0, took_s / planned_s) if planned_s else 1.0)
+                                     k.budget_s - took_s, pace)
             if len(keep) < len(ahead):
+                spent = sum(pace * (cost[i] + extra_s(i, done[:m])) for m, i in enumerate(done))
+                keep = design.select(jac, [pace * c for c in cost], spent + max(0.0, k.budget_s - took_s),
+                                     required=done, candidates=ahead, groups=design.strata(pool), blocks=4,
+                                     extra_s=lambda i, before: pace * extra_s(i, before))[len(done):]
                 dropped += [i for i in ahead if i not in keep]
                 log(f"runs dropped to stay within budget_s={k.budget_s:g} s (the series so far took {took_s:.0f} s "
                     f"of {planned_s:.0f} planned): {', '.join(pool[i].name for i in ahead if i not in keep)}")

@@ -87,3 +87,16 @@ def test_affordable_keeps_the_most_informative_runs_that_fit_at_the_measured_pac
     # The price may depend on the runs kept before it (a series' processes started once).
     started = lambda i, before: price[i] + (0.0 if before else 8.0)  # noqa: E731
     assert design.affordable([3, 0], started, 23.0) == [3, 0] and design.affordable([3, 0], started, 22.0) == [3]
+
+
+def test_a_design_chosen_again_among_the_runs_left_keeps_the_one_that_pins_a_figure():
+    """``candidates`` with ``required`` (the runs done): entries 0 and 1 see figure 0, only entry 3 sees figure
+    1; the design's order was 0, 1, 2, 3. With room for one run after entry 0, the order would keep entry 1 (a
+    second look at figure 0); chosen again, entry 3 (figure 1's only run). A regime left uncovered whose runs
+    no longer fit does not stop the choice of the rest."""
+    jac = np.zeros((8, 2))
+    jac[0, 0], jac[1, 0], jac[2, 0], jac[3, 1] = 2.0, 1.9, 0.5, 1.0
+    assert design.select(jac, [1.0] * 4, 2.0, required=[0], candidates=[1, 2, 3]) == [0, 3]
+    assert design.select(jac, [1.0] * 4, 2.0, required=[0], candidates=[1, 2]) == [0, 1]
+    groups = ["a", "a", "b", "a"]  # regime b (entry 2) costs more than what is left
+    assert design.select(jac, [1.0, 1.0, 5.0, 1.0], 2.0, required=[0], candidates=[1, 2, 3], groups=groups) == [0, 3]

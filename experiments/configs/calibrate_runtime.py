@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     k.run_min_updates = 100         # design: updates after the warm-up each run is planned for
     k.run_min_measure_s = 4.0       # design: seconds each run measures after its warm-up at least
     k.run_max_duration_s = 20.0     # design: longest run (s)
-    k.run_startup_s = 8.0           # design: starting a series' processes (interpreter, imports, JAX, data)
+    k.run_startup_s = 8.0           # design: starting a series' process, each (interpreter, imports, JAX, data)
     k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
     k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner
     k.run_timeout_s = 300.0         # design: stop a series' processes after this long per run in it (s)

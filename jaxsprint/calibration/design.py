@@ -94,7 +94,7 @@ def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
            required: Sequence[int] = (), groups: Sequence | None = None, blocks: int = 2,
            extra_s: Callable[[int, Sequence[int]], float] | None = None,
-           log: Callable[[str], None] | None = None) -> list[int]:
+           candidates: Sequence[int] | None = None, log: Callable[[str], None] | None = None) -> list[int]:
     """The entries (indices into the rows of ``jac``, :func:`sensitivities`) a greedy D-optimal design picks.
 
     Starting from ``required``, each step adds the affordable entry with the largest gain of
@@ -103,6 +103,7 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     first steps take only entries of a group no chosen entry has, until every group has one. ``blocks``: rows
     per entry in ``jac`` (2, or 4 with the split cycles). ``extra_s(i, chosen)``: what entry ``i`` costs beyond
     ``cost_s[i]`` after the ``chosen`` ones (e.g. starting processes that no chosen entry has started already).
+    ``candidates``: the entries it may add (default all), e.g. what is left of a design once some runs are done.
 
     Raises:
       ConfigError: costs that are not positive and finite, one per entry, or a budget below the required runs.
@@ -126,16 +127,18 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     for i in chosen:
         rows = _rows(jac, i, n, blocks)
         info = info + rows.T @ rows
+    pool = range(n) if candidates is None else candidates
     while True:
         _, base = np.linalg.slogdet(info)
         best, best_gain = None, -math.inf
-        missing = set(groups) - {groups[i] for i in chosen} if groups is not None else set()
-        for i in range(n):
-            if i in chosen or (missing and groups[i] not in missing):
+        missing = {groups[i] for i in pool} - {groups[i] for i in chosen} if groups is not None else set()
+        fits = [i for i in pool if i not in chosen and spent + price(i, chosen) <= budget_s]
+        if missing and not any(groups[i] in missing for i in fits):
+            missing = set()  # no regime left uncovered is affordable: the rest by their information alone
+        for i in fits:
+            if missing and groups[i] not in missing:
                 continue
             c = price(i, chosen)
-            if spent + c > budget_s:
-                continue
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
             gain = (val - base) / c
