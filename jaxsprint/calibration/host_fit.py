@@ -52,34 +52,33 @@ COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_b
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
-                  "updater_shared_allreduce_wait", "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s",
-                  "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
+                  "updater_shared_allreduce_wait", "updater_lock_waits", "updater_sync_per_learner_s",
+                  "updater_apply_core_wait_s", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
                   "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"
 # Wide bounds of stage 3: overheads from 1 us to 1 s (0.1 s per learner and per applied update), a step on busy
-# cores taking 1-4 compute units (half of the excess reached at sub-batch 0.5-1000), an updater taking 0.1% to
-# all of a unit while busy, co-located hosts stretching it by up to 21x, waits of 1e-4 to 10 device steps.
+# cores taking 1-4 units (half of the excess at sub-batch 0.5-1000), an updater 0.1% to all of a unit while busy,
+# co-located hosts stretching it by up to 21x, waits of 1e-4 to 10 device steps.
 RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0, 4.0),
                   "learner_step_cores_half_batch": (0.5, 1e3), "updater_overhead_s": (1e-6, 1.0),
                   "updater_per_learner_s": (1e-6, 0.1), "updater_cores": (1e-3, 1.0),
                   "updater_hosts_stretch": (1e-3, 20.0), "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
                   "updater_shared_wait": (1e-3, 4.0), "updater_shared_allreduce_wait": (1e-3, 10.0),
-                  "updater_lock_waits": (1e-3, 20.0),
-                  "learner_lock_wait_s": (1e-6, 0.05), "learner_updater_stretch": (1e-3, 4.0),
+                  "updater_lock_waits": (1e-3, 20.0), "learner_lock_wait_s": (1e-6, 0.05),
+                  "learner_updater_stretch": (1e-3, 4.0),
                   "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
                   "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
-                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3,
-                 "updater_shared_wait": 0.3, "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
-                 "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3,
-                 "updater_apply_core_wait_s": 3e-4, "host_memory_bandwidth_bytes_per_s": 2e9}
-# Constrained only by runs with several hosts; with the updater on the device of one of 2+ learners:
-HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")
-SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")
+                 "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3, "updater_shared_wait": 0.3,
+                 "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
+                 "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
+                 "host_memory_bandwidth_bytes_per_s": 2e9}
+HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # 2+ hosts
+SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
 # and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
 UNDETERMINED_RSE = 1.0
