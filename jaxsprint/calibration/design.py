@@ -132,13 +132,12 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         _, base = np.linalg.slogdet(info)
         best, best_gain = None, -math.inf
         missing = {groups[i] for i in pool} - {groups[i] for i in chosen} if groups is not None else set()
-        fits = [i for i in pool if i not in chosen and spent + price(i, chosen) <= budget_s]
+        fits = {i: c for i in pool if i not in chosen and spent + (c := price(i, chosen)) <= budget_s}
         if missing and not any(groups[i] in missing for i in fits):
             missing = set()  # no regime left uncovered is affordable: the rest by their information alone
-        for i in fits:
+        for i, c in fits.items():
             if missing and groups[i] not in missing:
                 continue
-            c = price(i, chosen)
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
             gain = (val - base) / c
