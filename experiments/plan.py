@@ -358,15 +358,19 @@ def plot_runtime(path: str, out: dict[str, Any], target: float) -> None:
 
     rows = out["rows"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    reached = False  # log axes need data: a short comparison may reach the target nowhere
     for r in rows:
         seeds = [p["updates_to_target"] for p in r.get("per_seed", []) if p["updates_to_target"]]
         ax.plot([r["mean_staleness"]] * len(seeds), seeds, ".", color="0.6")
+        reached |= bool(seeds)
     for key, marker, label in (("updates_to_target", "o", "runtime (median of seeds)"),
                                ("emulated_updates", "x", "emulator (runtime's pmfs)"),
                                ("predicted_updates", "_", "law (all cells)")):
         pts = [(r["mean_staleness"], r[key]) for r in rows if r.get(key)]
-        ax.plot(*zip(*pts), marker, ms=9, ls="none", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="mean staleness (versions)", ylabel=f"updates to {target:g}")
+        if pts:
+            ax.plot(*zip(*pts), marker, ms=9, ls="none", label=label)
+            reached = True
+    ax.set(xlabel="mean staleness (versions)", ylabel=f"updates to {target:g}")
     both = [r for r in rows if r["time_to_accuracy_s"] and r.get("predicted_time_to_accuracy_s")]
     meas = np.array([r["time_to_accuracy_s"] for r in both])
     pred = np.array([r["predicted_time_to_accuracy_s"] for r in both])
@@ -376,15 +380,21 @@ def plot_runtime(path: str, out: dict[str, Any], target: float) -> None:
                     (r["time_to_accuracy_s"], r["predicted_time_to_accuracy_s"]), fontsize=7)
     for k, (key, marker) in enumerate((("choice", "*"), ("measured_fastest", "s"))):
         r = rows[out[key]]
-        if r["time_to_accuracy_s"]:
+        if r["time_to_accuracy_s"] and r.get("predicted_time_to_accuracy_s"):
             bx.plot(r["time_to_accuracy_s"], r["predicted_time_to_accuracy_s"], marker, ms=15, mfc="none",
                     color=("tab:red", "k")[k], label=key.replace("_", " "))
-    lim = np.array([min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.2])
-    for f, ls in ((1.0, "-"), (1.2, ":"), (1 / 1.2, ":")):
-        bx.plot(lim, lim * f, ls, color="0.6", lw=1)
-    bx.set(xscale="log", yscale="log", xlabel=f"measured time to {target:g} (s)", ylabel="predicted (s)")
-    for a in (ax, bx):
-        a.legend(fontsize=8)
+    if both:
+        lim = np.array([min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.2])
+        for f, ls in ((1.0, "-"), (1.2, ":"), (1 / 1.2, ":")):
+            bx.plot(lim, lim * f, ls, color="0.6", lw=1)
+    else:  # no configuration both reached the target and has a law's prediction
+        bx.text(0.5, 0.5, f"no run has a measured and a\npredicted time to {target:g}", ha="center", va="center", transform=bx.transAxes)
+    bx.set(xlabel=f"measured time to {target:g} (s)", ylabel="predicted (s)")
+    for a, logs in ((ax, reached), (bx, bool(both))):
+        if logs:
+            a.set(xscale="log", yscale="log")
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=8)
         a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

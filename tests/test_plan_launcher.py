@@ -122,8 +122,7 @@ def test_the_runtime_comparison_with_two_seeds_then_rejudged_from_its_runs(tmp_p
         assert row["mean_staleness"] == pytest.approx((seeds[0]["mean_staleness"] + seeds[1]["mean_staleness"]) / 2)
     chosen = out["rows"][out["choice"]]
     assert not chosen.get("extrapolated", True) or all(r.get("extrapolated", True) for r in out["rows"])
-    if any(row["time_to_accuracy_s"] for row in out["rows"]):
-        assert (tmp_path / "rt.png").exists()
+    assert (tmp_path / "rt.png").exists()  # drawn whether or not a run reached the target
     again = subprocess.run(args + [c + "runtime_reuse=True"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -138,3 +137,18 @@ def test_the_runtime_comparison_with_two_seeds_then_rejudged_from_its_runs(tmp_p
                            capture_output=True, text=True, timeout=600, env=env)
     assert table.returncode == 0, table.stderr[-3000:]
     assert "median |error|" in table.stdout and "1:8:0.01" in table.stdout and "2:16:0" in table.stdout
+
+
+@pytest.mark.parametrize("reached", [(None, None), (3.0, None), (None, 2.0)])
+def test_the_runtime_plot_is_drawn_when_no_run_has_both_times(tmp_path, reached):
+    """A short comparison may leave no configuration with both a measured and a predicted time to the target."""
+    sys.path.insert(0, ROOT)
+    from experiments import plan
+
+    row = {"learners": 1, "sub_batch": 8, "network_time_s": 0.0, "mean_staleness": 1.5, "updates_to_target": None,
+           "emulated_updates": None, "per_seed": [{"updates_to_target": None}], "time_to_accuracy_s": reached[0]}
+    if reached[1]:
+        row.update(predicted_updates=40.0, predicted_time_to_accuracy_s=reached[1])
+    plan.plot_runtime(str(tmp_path / "rt.png"), {"rows": [row, dict(row, learners=2)], "choice": 0,
+                                                "measured_fastest": 0}, 0.3)
+    assert (tmp_path / "rt.png").stat().st_size > 0
