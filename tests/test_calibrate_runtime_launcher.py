@@ -89,7 +89,8 @@ def test_runs_from_a_validation_results_file_replace_the_stored_runs(tmp_path):
     unchanged."""
     def run(name, hosts, lph, b, net, tc, tu):
         return dict(name=name, hosts=hosts, learners_per_host=lph, sub_batch=b, measured=dict(
-            network_time_s=net, t_compute_s=tc, t_compute_cv=0.3, t_update_s=tu, t_update_cv=0.4, images_per_s=1.0,
+            network_time_s=net, t_compute_s=tc, t_compute_cv=0.3, t_update_s=tu, t_update_cv=0.4,
+            images_per_s=hosts * lph * b / tc,
             gradients=2000, updates=500, mean_staleness=1.0))
     results = {"runs": [run(f"r{i}", h, n, 32, nt, 0.01 * max(1, h * n / 2) ** 1.1, nt + 1e-3 * n * (2 if h > 1 else 1))
                         for i, (h, n, nt) in enumerate([(1, 1, 0.0), (1, 2, 0.02), (1, 4, 0.0), (1, 8, 0.02),

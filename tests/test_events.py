@@ -70,6 +70,19 @@ def test_statistics_of_a_hand_made_log():
     assert (s["learners"], s["sub_batch"], s["dataset_size"]) == (2, 4, 100)
 
 
+def test_a_learners_cycle_runs_from_its_start_to_its_next_start():
+    """The hand-off to the buffer (and any wait for the interpreter lock) after a gradient's end is part of its
+    learner's cycle, the model's T_c: the rate of completions is then N b / T_c (here to the log's edges)."""
+    ev = hand_log()
+    ev["grad_t_end"][2] = 1.7  # learner 1's gradient [1.2, 1.8] hands off for 0.1 s before its next start
+    s = events.statistics(ev)
+    assert s["t_compute_s"] == pytest.approx(2.2) and s["t_compute_cv"] == pytest.approx(math.sqrt(1.06) / 2.2)
+    ev["lockstep"] = np.int64(1)  # a lockstep learner waits for the next version between cycles: end - start
+    assert events.statistics(ev)["t_compute_s"] == pytest.approx((0.5 + 2.0 + 3.2 + 3.0) / 4)
+    sim = events.statistics(events.simulate_log(4, 0.02, 0.005, 0.3, 0.0, duration_s=60.0, seed=2))
+    assert sim["learners"] * sim["sub_batch"] / sim["images_per_s"] == pytest.approx(sim["t_compute_s"], rel=5e-3)
+
+
 def test_statistics_split_the_updater_cycles_by_kind():
     """The gap from a swap to the next is an empty cycle where its update gathered nothing, else an applying one."""
     s = events.statistics(hand_log())  # after the warm-up: v3, v4 apply (gaps 2 and 3 s), no empty cycle

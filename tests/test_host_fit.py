@@ -151,6 +151,11 @@ def test_the_shared_device_waits_are_fitted_from_runs_of_both_placements():
     assert r.fitted["updater_shared_allreduce_wait"] == pytest.approx(1.2, rel=1e-3)
     assert rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0)
                                      ).updater_device == "own"  # a record of before the field: an own-device grid
+    # The mean learner cycle from the completions (N b / images_per_s), where a record has them: older records'
+    # t_compute_s left each gradient's hand-off to the buffer out.
+    rec = dict(learners_per_host=4, hosts=2, sub_batch=8, t_compute_s=0.010, t_update_s=1.0, images_per_s=6200.0)
+    assert rc.RuntimeRun.from_record(rec).t_compute_s == pytest.approx(64 / 6200.0)
+    assert rc.RuntimeRun.from_record(dict(rec, images_per_s=None)).t_compute_s == 0.010
     with raises_invalid("updater_device", "gpu", "shared or own"):
         rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0,
                                        updater_device="gpu"))

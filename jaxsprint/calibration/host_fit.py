@@ -117,16 +117,13 @@ class RuntimeRun:
       hosts: Processes (1: no all-reduce).
       sub_batch: Samples per gradient.
       network_time_s: Emulated network time of every updater cycle.
-      t_compute_s: Measured mean learner cycle.
+      t_compute_s: Measured mean learner cycle, start to start (:func:`jaxsprint.runtime.events.statistics`).
       t_update_s: Measured mean updater cycle.
-      t_compute_cv: Its coefficient of variation (0 if not measured).
-      t_update_cv: The same for the updater cycle.
+      t_compute_cv, t_update_cv: Their coefficients of variation (0 if not measured).
       label: Name for tables.
       updater_device: ``shared`` (the updater's programs on the first learner's device) or ``own``.
-      t_update_empty_s: Measured mean of the updater cycles that gathered no gradient (0: not measured).
-      t_update_applying_s: The same of those that applied an update.
-      empty_cycles: How many cycles the first mean is over (0: not measured).
-      applying_cycles: The same for the second.
+      t_update_empty_s, t_update_applying_s: Measured mean of the updater cycles that gathered no gradient,
+        of those that applied an update (0: not measured); ``empty_cycles``, ``applying_cycles``: over how many.
     """
 
     learners_per_host: int
@@ -147,15 +144,19 @@ class RuntimeRun:
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
         """From a JSON record with these keys (extra keys ignored; a record without ``updater_device`` is one of
-        validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device)."""
+        validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device).
+        With ``images_per_s``, ``t_compute_s`` is its mean, ``N b / images_per_s``, from the completions: records
+        of before the start-to-start cycle left each gradient's hand-off to the buffer out of ``t_compute_s``."""
         where = str(r.get("updater_device") or "own")
         check(where in ("shared", "own"), "updater_device", where, "shared or own (a runtime run's record)")
         def optional(key, kind):  # absent or None (NaN in the JSON): not measured
             v = r.get(key)
             return kind(v) if v is not None and math.isfinite(float(v)) else kind(0)
 
-        return cls(int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]),
-                   float(r.get("network_time_s", 0.0)), float(r["t_compute_s"]), float(r["t_update_s"]),
+        n, h, b, rate = int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]), optional(
+            "images_per_s", float)
+        return cls(n, h, b, float(r.get("network_time_s", 0.0)), n * h * b / rate if rate > 0 else
+                   float(r["t_compute_s"]), float(r["t_update_s"]),
                    float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
                    where, optional("t_update_empty_s", float), optional("t_update_applying_s", float),
                    optional("empty_cycles", int), optional("applying_cycles", int))

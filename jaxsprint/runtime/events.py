@@ -6,8 +6,8 @@ numpy only. The runtime (:mod:`jaxsprint.runtime`) writes one row per gradient a
 * gradients, in order of application, then the ones still in flight at the stop:
   ``grad_learner`` (global learner index), ``grad_host``, ``grad_read_version`` (version of the weights
   the learner read), ``grad_applied_version`` (version published by the update that applied it, -1 if
-  none did), ``grad_t_start`` (the read, start of the learner's cycle), ``grad_t_end`` (added to the
-  node buffer, end of the cycle);
+  none did), ``grad_t_start`` (the read, start of the learner's cycle), ``grad_t_end`` (the gradient
+  computed, just before it is added to the node buffer);
 * updates (one per published version, host 0's clock): ``update_version`` (1, 2, ...),
   ``update_count`` (gradients in it, all hosts), ``update_t_start`` (buffer swap), ``update_t_end``
   (publish);
@@ -247,11 +247,22 @@ def _pmf(values: np.ndarray, scale: int = 1) -> dict[int, float]:
     return {int(scale * a): float(b) / values.size for a, b in zip(v, c)}
 
 
+def _cycles(ev: dict[str, np.ndarray], warm: float) -> np.ndarray:
+    """Every learner's cycles that start after ``warm``: from a start to the same learner's next start."""
+    order = np.lexsort((ev["grad_t_start"], ev["grad_learner"]))
+    who, start = ev["grad_learner"][order], ev["grad_t_start"][order]
+    full = (who[1:] == who[:-1]) & (start[:-1] >= warm)
+    return (start[1:] - start[:-1])[full]
+
+
 def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     r"""Measured statistics of a log, without the warm-up (see the module docstring).
 
     * ``t_compute_s``, ``t_compute_cv``: mean and coefficient of variation (population standard
-      deviation / mean) of the cycle time ``t_end - t_start`` of the applied gradients;
+      deviation / mean) of the learners' cycles, each from a gradient's start to the same learner's next
+      start (the model's ``T_c``: the hand-off to the buffer and any wait for the interpreter lock
+      included); in a lockstep log, where a learner waits for the next version between its cycles,
+      ``t_end - t_start`` of the applied gradients;
     * ``t_update_s``, ``t_update_cv``: the same of the updater's cycle, the gap between consecutive swaps
       (both swaps after the warm-up); ``t_update_p01_s``: the 1st percentile of those cycles (the fixed
       part of a cycle, :func:`jaxsprint.calibration.compare.predict_from_timings`); ``t_update_empty_s``,
@@ -284,7 +295,7 @@ def statistics(ev: dict[str, Any]) -> dict[str, Any]:
     b = int(ev["sub_batch"])
     applied = ev["grad_applied_version"] >= 1
     grads = applied & (ev["grad_t_start"] >= warm)
-    cycle = (ev["grad_t_end"] - ev["grad_t_start"])[grads]
+    cycle = (ev["grad_t_end"] - ev["grad_t_start"])[grads] if int(ev["lockstep"]) else _cycles(ev, warm)
     stale = staleness(ev)[grads]
     eff = effective_staleness(ev)[grads]
     ups = ev["update_t_start"] >= warm
