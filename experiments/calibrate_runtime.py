@@ -2,6 +2,7 @@ r"""Measures and fits the runtime figures of this machine: one calibration per m
 
   python experiments/calibrate_runtime.py --out=PRESET.json     # at most 10 minutes on a quiet 2-core machine
   python experiments/calibrate_runtime.py --config.calibration.fit_only=True --out=PRESET.json  # refit
+  python experiments/calibrate_runtime.py --config.calibration.check_speed=True  # the lone steps again: still?
   python experiments/run_sprint.py --config=experiments/configs/sprint.py --machine_file=PRESET.json ...
 
 The config (``experiments/configs/calibrate_runtime.py``, the default of ``--config``) is the SPRINT config
@@ -201,6 +202,46 @@ def runs_from(path):
             raise ConfigError("config.calibration.runs_from", path, "runs whose learners_per_host, hosts and "
                               "sub_batch are integers (validate_runtime.py's results.json)") from None
     return out
+
+
+def check_speed(config, meas_path, log=print):
+    """Times the lone steps of a calibration's measurement file again, as it timed them, and prints how far this
+    machine's speed has moved since: a preset predicts from specs at the speed it was calibrated at
+    (docs/calibration.md). Writes nothing; returns the median change over the sub-batches."""
+    import statistics
+
+    from jaxsprint.calibration import host_fit, timing
+    from jaxsprint.errors import check, is_int, is_real
+    from jaxsprint.runtime.bounds import MAX_SECONDS
+
+    k = config.calibration
+    check(is_real(k.step_time_s) and 0 < k.step_time_s <= MAX_SECONDS, "config.calibration.step_time_s",
+          k.step_time_s, f"a number of seconds in (0, {MAX_SECONDS:g}]")
+    check(is_int(k.rounds_after) and 0 <= k.rounds_after <= 10, "config.calibration.rounds_after", k.rounds_after,
+          "an integer in [0, 10] (the check's rounds; 0: one)")
+    what = f"a measurement file of this script (format {FORMAT!r}) with its lone steps, to check the speed against"
+    data = _read_json("config.calibration.measurements", meas_path, what)
+    steps = data.get("measurements", {}).get("gradient_steps") if isinstance(data.get("measurements"), dict) else None
+    check(data.get("format") == FORMAT and isinstance(steps, list) and len(steps) > 0
+          and all(isinstance(g, dict) and is_int(g.get("sub_batch")) and g["sub_batch"] >= 1
+                  and is_real(g.get("measured_s")) and g["measured_s"] > 0 for g in steps),
+          "config.calibration.measurements", meas_path, what)
+    then = {int(g["sub_batch"]): host_fit.gradient_step_seconds(g) for g in steps}  # both timings' samples
+    batches = sorted(then)
+    now = timing.measure_gradient_steps(config, batches, rounds=max(1, int(k.rounds_after)),
+                                        min_time_s=k.step_time_s)
+    changes = []
+    log(f"lone step: sub-batch, at the calibration ({meas_path}), now, change")
+    for b, (t, samples) in zip(batches, now):
+        cur = host_fit.gradient_step_seconds(dict(measured_s=t, samples=samples))
+        changes.append(cur / then[b] - 1.0)
+        log(f"  b{b:<4d} {1e3 * then[b]:9.3f} ms {1e3 * cur:9.3f} ms {100 * changes[-1]:+7.1f}%")
+    med = statistics.median(changes)
+    log(f"speed: the lone steps take {100 * med:+.1f}% (median) as long as at the calibration")
+    if abs(med) > _DRIFT:
+        log(f"WARNING: this machine's speed has moved by more than {100 * _DRIFT:.0f}% since the calibration: its "
+            "predictions from specs carry the change; calibrate again (experiments/calibrate_runtime.py)")
+    return med
 
 
 def measure(config, sub_batches, learners, network_times, log=print, runs=None):
@@ -494,6 +535,11 @@ def main(argv):
     # The runs' allocator policy for the lone steps too, before JAX starts its threads: with glibc's defaults a
     # large step's buffers are fresh pages every time and its timing jumps (docs/calibration.md).
     print(cpu.configure_host_memory(config.cpu_kernels), flush=True)
+    if k.check_speed:  # measures the lone steps only, writes nothing
+        check(not k.fit_only and not k.runs_from, "config.calibration.check_speed", True,
+              "False with fit_only or runs_from (it times this machine against stored measurements)")
+        check_speed(config, meas_path)
+        return
     cli.check_output_file("--out", out)
     given_runs = runs_from(k.runs_from) if k.runs_from else None  # read and checked before anything
     if not k.fit_only or given_runs is not None:  # the measurements are written

@@ -202,3 +202,29 @@ def test_a_disturbed_lone_step_is_measured_again(monkeypatch, quiet_after):
     assert kept[32]["mean_s"] == pytest.approx(32e-3 * (1.0 if quiet_after else 1.3))
     assert any("measuring them again" in ln for ln in lines)
     assert any(ln.startswith("WARNING") for ln in lines) == (quiet_after is None)
+
+
+def test_check_speed_times_the_lone_steps_again_and_writes_nothing(tmp_path):
+    """check_speed: a measurement file's lone steps timed again (tiny model), each change and the median printed;
+    against steps of 1 s (a far slower machine) the speed has moved; nothing is written; bad input exits 2."""
+    import re
+
+    cal, k = tmp_path / "cal.json", "--config.calibration."
+    steps = [dict(sub_batch=b, measured_s=1.0, samples=[1.0] * 5) for b in (8, 16)]
+    cal.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1",
+                               "measurements": {"gradient_steps": steps, "runs": []}}))
+    before = cal.read_text()
+    args = (f"{k}measurements={cal}", k + "check_speed=True", k + "step_time_s=0.2", k + "rounds_after=1",
+            f"--out={tmp_path / 'preset.json'}")
+    r = _run(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"b8 +1000\.000 ms", r.stdout) and re.search(r"b16 +1000\.000 ms", r.stdout)
+    change = float(re.search(r"take ([-+0-9.]+)% \(median\)", r.stdout).group(1))
+    assert -100 < change < -90 and "WARNING: this machine's speed has moved" in r.stdout  # a tiny step: ms
+    assert cal.read_text() == before and os.listdir(tmp_path) == ["cal.json"]
+    r = _run(*args, k + "fit_only=True")
+    assert r.returncode == 2 and "error: invalid config.calibration.check_speed=True" in r.stderr
+    cal.write_text(json.dumps({"format": "jaxsprint-runtime-calibration-1", "measurements": {"runs": []}}))
+    r = _run(*args)
+    assert r.returncode == 2 and "error: invalid config.calibration.measurements=" in r.stderr
+    assert "Traceback" not in r.stderr and os.listdir(tmp_path) == ["cal.json"]

@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     k.measurements = "docs/runtime-calibration.json"  # measurements (JSON): written when measuring, read by fit_only
     k.fit_only = False              # refit the measurements stored in `measurements`; measure nothing
     k.runs_from = config_dict.placeholder(str)  # validate_runtime.py results.json whose runs are the fit's runs
+    k.check_speed = False           # time the lone steps of `measurements` again, print the change; nothing else
     # 1. One learner's gradient step.
     k.sub_batches = (8, 16, 32, 64, 128)  # single-learner sub-batches
     k.rounds = 3                    # interleaved rounds of the single-learner timing
