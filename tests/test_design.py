@@ -47,7 +47,11 @@ def test_the_design_determines_more_than_one_host_runs():
     assert np.all(jac[[i for i, e in enumerate(pool) if e.updater_device == "own"], col] == 0)
     assert np.any(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "shared"], col] > 0.01)
     chosen = design.select(jac, [20.0] * len(pool), 330.0, groups=design.strata(pool))
-    assert len(chosen) == 16 and {design.strata(pool)[i] for i in chosen} == set(design.strata(pool))  # 12 regimes
+    regimes = set(design.strata(pool))
+    assert len(regimes) == 16 and len(chosen) == 16 and {design.strata(pool)[i] for i in chosen} == regimes
+    assert {(e.hosts, e.updater_device) for e in pool if e.network_ms == 0 and e.learners_per_host > 1} == {
+        (pool[i].hosts, pool[i].updater_device) for i in chosen if pool[i].network_ms == 0
+        and pool[i].learners_per_host > 1}  # without network time, a run of several learners per host each
     old = [i for i, e in enumerate(pool) if e.hosts == 1 and e.sub_batch == 32 and e.network_ms in (0, 20)
            and e.updater_device == "shared"]
     assert len(old) == 8
