@@ -152,11 +152,10 @@ class RuntimeRun:
         def optional(key, kind):  # absent or None (NaN in the JSON): not measured
             v = r.get(key)
             return kind(v) if v is not None and math.isfinite(float(v)) else kind(0)
-
         n, h, b, rate = int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]), optional(
             "images_per_s", float)
-        return cls(n, h, b, float(r.get("network_time_s", 0.0)), n * h * b / rate if rate > 0 else
-                   float(r["t_compute_s"]), float(r["t_update_s"]),
+        tc = n * h * b / rate if rate > 0 else float(r["t_compute_s"])
+        return cls(n, h, b, float(r.get("network_time_s", 0.0)), tc, float(r["t_update_s"]),
                    float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
                    where, optional("t_update_empty_s", float), optional("t_update_applying_s", float),
                    optional("empty_cycles", int), optional("applying_cycles", int))
