@@ -388,7 +388,8 @@ def plot_runtime(path: str, out: dict[str, Any], target: float) -> None:
         for f, ls in ((1.0, "-"), (1.2, ":"), (1 / 1.2, ":")):
             bx.plot(lim, lim * f, ls, color="0.6", lw=1)
     else:  # no configuration both reached the target and has a law's prediction
-        bx.text(0.5, 0.5, f"no run has a measured and a\npredicted time to {target:g}", ha="center", va="center", transform=bx.transAxes)
+        bx.text(0.5, 0.5, f"no run has a measured and a\npredicted time to {target:g}", ha="center", va="center",
+                transform=bx.transAxes)
     bx.set(xlabel=f"measured time to {target:g} (s)", ylabel="predicted (s)")
     for a, logs in ((ax, reached), (bx, bool(both))):
         if logs:

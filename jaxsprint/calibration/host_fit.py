@@ -77,7 +77,7 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
                  "host_memory_bandwidth_bytes_per_s": 2e9}
-HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # 2+ hosts
+HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # >1 host
 SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
 # and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
