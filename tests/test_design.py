@@ -46,9 +46,11 @@ def test_the_design_determines_more_than_one_host_runs():
     col = fields.index("updater_shared_wait")
     assert np.all(jac[[i for i, e in enumerate(pool) if e.updater_device == "own"], col] == 0)
     assert np.any(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "shared"], col] > 0.01)
-    chosen = design.select(jac, [20.0] * len(pool), 330.0, groups=design.strata(pool))
+    chosen = design.select(jac, [20.0] * len(pool), 370.0, groups=design.strata(pool))
     regimes = set(design.strata(pool))
-    assert len(regimes) == 16 and len(chosen) == 16 and {design.strata(pool)[i] for i in chosen} == regimes
+    assert len(regimes) == 18 and len(chosen) == 18 and {design.strata(pool)[i] for i in chosen} == regimes
+    assert {e.updater_device for e in (pool[i] for i in chosen) if e.hosts == 1 and e.network_ms == 0
+            and e.learners_per_host == 8} == {"own", "shared"}  # one host's most learners, both placements
     assert {(e.hosts, e.updater_device) for e in pool if e.network_ms == 0 and e.learners_per_host > 1} == {
         (pool[i].hosts, pool[i].updater_device) for i in chosen if pool[i].network_ms == 0
         and pool[i].learners_per_host > 1}  # without network time, a run of several learners per host each

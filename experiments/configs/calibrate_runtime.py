@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     # (hosts, learners, placement) in a row in the same processes;
     # grid: the one-host runs of learners x network_times at run_sub_batch below, in this process.
     k.runs = "design"
-    k.budget_s = 380.0              # design: seconds of runs (each run's start-up and length) it may spend
+    k.budget_s = 430.0              # design: seconds of runs (each run's start-up and length) it may spend
     #                                 (held at the pace measured: runs that no longer fit are dropped)
     k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
     k.run_min_updates = 100         # design: updates after the warm-up each run is planned for

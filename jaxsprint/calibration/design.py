@@ -84,13 +84,19 @@ def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float
 def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
     """Each entry's regime: ``(hosts, updater placement, network)`` with network ``none`` (the updater cycles
     back to back), ``short`` (below ``long_network_ms``) or ``long`` (the updater mostly sleeps, the learners'
-    cycle is their own); without network time, also whether a host has one learner or several (an updater
-    that never sleeps beside several learners is where the form strays most when no run shows it).
+    cycle is their own); without network time, also how many learners a host has: one, several, or (on one
+    host) the most of the entries (an updater that never sleeps beside many learners is where the form strays
+    most when no run shows it: its applying cycle waits for cores, its empty ones for the interpreter lock).
     :func:`select` takes one run of every regime first, so that the design covers the space the form is judged
     on even where the form's own sensitivities would not ask for it (a design is only as good as the form it is
     computed from)."""
+    most = max((e.learners_per_host for e in entries), default=1)
+
+    def crowd(e):
+        return 0 if e.learners_per_host == 1 else 2 if e.hosts == 1 and e.learners_per_host == most > 2 else 1
+
     return [(e.hosts, e.updater_device, "short" if e.network_ms < long_network_ms else "long") if e.network_ms
-            else (e.hosts, e.updater_device, "none", e.learners_per_host > 1) for e in entries]
+            else (e.hosts, e.updater_device, "none", crowd(e)) for e in entries]
 
 
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
