@@ -177,3 +177,17 @@ def test_host_figures_are_validated_and_a_bad_host_section_names_the_file(tmp_pa
     path.write_text(json.dumps(data))
     with raises_invalid("machine_file", str(path), "every figure of HostFigures", DataError):
         host.load_host(mc.get("cpu"), path=str(path))
+
+
+@pytest.mark.parametrize("old", sorted(host.OLD_FORMATS))
+def test_a_host_section_of_an_older_form_is_refused_with_the_command_that_refits_it(tmp_path, old):
+    """A preset whose host section was fitted under an older cost form is refused (its figures mean something
+    else now), naming its format and the command that fits it again; nothing is guessed."""
+    with open(os.path.join(ROOT, "jaxsprint", "perf", "data", "cpu_runtime.json")) as f:
+        data = json.load(f)
+    data["host"]["format"] = old
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    with raises_invalid("machine_file", str(path), f"this one is {old!r}", DataError) as info:
+        host.load_host(mc.get("cpu_runtime"), path=str(path))
+    assert "--config.calibration.fit_only=True" in info.value.allowed and host.HOST_FORMAT in info.value.allowed

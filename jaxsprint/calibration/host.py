@@ -15,7 +15,7 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
                 + (t_{queue} + w_R\,T_c(b)\,d + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1])
-                + \omega\,(N - C + 1)^+ [one\ host], \quad
+                + \omega\,(N - C + 1)^+ (1 - a\,[t_{net} = 0]) [one\ host], \quad
     t_{prog} = t_{queue} + w\,T_c(b)\,d, \quad t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad
     d = [shared]\,[N_h > 1]
 
@@ -31,7 +31,9 @@ lone step slowed by the ``H`` updaters while busy), ``q`` = ``updater_queue`` on
 kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch``, ``z`` =
 ``updater_sync_per_learner_s`` (co-located hosts), ``beta_host`` the updater's streaming bandwidth, ``t_net``
 the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`; ``omega`` = ``updater_apply_core_wait_s``, an
-applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead).
+applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead),
+paid by an apply that follows an empty cycle or the network's sleep (a share ``1 - a`` of them without network
+time): right after an apply the updater's device is still at work.
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. Shared device (``d``): with the updater on the first learner's device, an update program waits
@@ -67,7 +69,9 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-4"  # 4: the shared-device waits in device steps (3: in learner cycles)
+HOST_FORMAT = "jaxsprint-host-5"  # 5: omega only after an empty cycle or a sleep; 4: paid by every apply
+OLD_FORMATS = {"jaxsprint-host-3": "shared-device waits in learner cycles",
+               "jaxsprint-host-4": "the core wait paid by every applying cycle"}
 # An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
 # empty cycle of no time would make T_u 0 and the mini-batch 0/0.
 MIN_CYCLE_S = 1e-6
@@ -95,7 +99,8 @@ class HostFigures:
       updater_sync_per_learner_s: ``z``, the wait of each all-reduce between hosts that are processes of one
         machine, per learner thread on its cores (the other updater must get a core among them).
       updater_apply_core_wait_s: ``omega``, an applying cycle's wait for a core, per learner thread beyond the
-        host's cores (its update program must get a core among them; one host, or hosts on separate machines).
+        host's cores (its update program must get a core among them; one host, or hosts on separate machines),
+        where the cycle before it was empty or slept.
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
@@ -213,8 +218,8 @@ def host_json(host: HostFigures, **extra: Any) -> dict[str, Any]:
 
 def _from_json(section: Any, path: str) -> HostFigures:
     what = f"a host section (format {HOST_FORMAT!r}) with every figure of HostFigures"
-    if isinstance(section, dict) and section.get("format") == "jaxsprint-host-3":
-        what += ("; this one is 'jaxsprint-host-3' (shared-device waits in learner cycles): fit it again, "
+    if isinstance(section, dict) and section.get("format") in OLD_FORMATS:
+        what += (f"; this one is {section['format']!r} ({OLD_FORMATS[section['format']]}): fit it again, "
                  "experiments/calibrate_runtime.py --config.calibration.fit_only=True")
     if not isinstance(section, dict) or section.get("format") != HOST_FORMAT or not isinstance(
             section.get("figures"), dict):
@@ -325,7 +330,7 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
                   sub_batch=None, co_located=True):
     """``(own work of every cycle, own work of every updater program (applying an update, an all-reduce):
     waiting for the learners' programs, own work of applying an update (reading the gradients and stepping
-    the optimizer), the network's part)`` of the updater cycle."""
+    the optimizer), a cold apply's wait for a core, the network's part)`` of the updater cycle."""
     c = host.cores_per_node if cores is None else cores
     n = jnp.asarray(learners if sharing_learners is None else sharing_learners, jnp.float32)
     g = jnp.asarray(learners, jnp.float32)
@@ -346,8 +351,14 @@ def _update_parts(network, machine, host, nodes, learners, network_time_s, shari
     # An applying cycle's update program waits for a core among the learner threads beyond the cores (where
     # co-located hosts all-reduce, z N above already waits for them).
     t_core = jnp.where(co_hosts, 0.0, host.updater_apply_core_wait_s * jnp.maximum(n - c + 1.0, 0.0))
-    return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch + t_core,
+    return (t_base, t_queue * stretch, (host.updater_apply_s + t_host) * stretch, t_core,
             t_net + jnp.asarray(network_time_s, jnp.float32))
+
+
+def _cold(nonempty, network_time_s):
+    """The share of applying cycles that follow an empty cycle or the network's sleep (each cycle gathers
+    independently: ``1 - a`` without network time, all of them with it)."""
+    return 1.0 - nonempty * jnp.where(jnp.asarray(network_time_s, jnp.float32) > 0, 0.0, 1.0)
 
 
 def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigures, nodes: jax.Array,
@@ -361,10 +372,10 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigu
     updater's cores (default ``N_h``); ``sub_batch``: for the queue term (None: none); ``co_located``: the
     hosts are processes of one machine (stretch ``1 + s_H``); ``nonempty``: the share of cycles that apply.
     """
-    t_base, t_queue, t_apply, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
-                                                     sharing_learners, cores, algorithm, sub_batch, co_located)
+    t_base, t_queue, t_apply, t_core, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
+                                                             sharing_learners, cores, algorithm, sub_batch, co_located)
     programs = nonempty + jnp.where(jnp.asarray(nodes, jnp.float32) > 1, 1.0, 0.0)
-    return t_base + t_queue * programs + t_apply * nonempty + t_wait
+    return t_base + t_queue * programs + (t_apply + t_core * _cold(nonempty, network_time_s)) * nonempty + t_wait
 
 
 class RuntimeTimes(NamedTuple):
@@ -395,8 +406,8 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     sharing = per_host * h if co_located else per_host
     updaters = h if co_located else jnp.float32(1.0)
 
-    t_base, t_queue, t_apply, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s,
-                                                     sharing, None, algorithm, sub_batch, co_located)
+    t_base, t_queue, t_apply, t_core, t_wait = _update_parts(network, machine, host, hosts, per_host, network_time_s,
+                                                             sharing, None, algorithm, sub_batch, co_located)
     step = compute_time_s(network, machine, sub_batch, gpus_per_node=sharing)
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
     # On a shared device, behind the learner's program (none where it is the host's only learner: it has just
@@ -411,12 +422,13 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
         rho = jnp.minimum(0.95, per_host * g / t_c_before)  # the learners' lock share
         t_lock = host.updater_lock_waits * g * rho / (1.0 - rho)
         t_empty = jnp.maximum(t_base + allreduce_wait * programs + t_lock, MIN_CYCLE_S)
-        t_own = t_empty + (t_apply + apply_wait) * nonempty
+        applying = t_apply + t_core * _cold(nonempty, network_time_s) + apply_wait
+        t_own = t_empty + applying * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
                              beta, updaters * beta)
-        return t_own, t_u, t_c, t_empty + t_wait, t_empty + t_apply + apply_wait + t_wait
+        return t_own, t_u, t_c, t_empty + t_wait, t_empty + applying + t_wait
 
     def state(nonempty, t_c_before):  # float32 throughout: the loop's carry keeps one type
         return tuple(jnp.asarray(x, jnp.float32) for x in cycles(nonempty, t_c_before))
