@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from launcher_util import launcher
 
 pytestmark = pytest.mark.slow  # subprocesses that start JAX and build the network's cost table
 
@@ -175,8 +176,7 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
 def test_a_disturbed_lone_step_is_measured_again(monkeypatch, quiet_after):
     """A sub-batch whose lone steps average more than 1.15 x their best round's median is timed again (only
     that one), twice at most, and the quieter timing is kept; one still disturbed after that is reported."""
-    sys.path.insert(0, ROOT)
-    from experiments import calibrate_runtime as cr
+    cr = launcher("calibrate_runtime")
     from experiments.configs import calibrate_runtime as cfg
     from jaxsprint.calibration import timing
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from launcher_util import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "plan.py")
@@ -142,8 +143,7 @@ def test_the_runtime_comparison_with_two_seeds_then_rejudged_from_its_runs(tmp_p
 @pytest.mark.parametrize("reached", [(None, None), (3.0, None), (None, 2.0)])
 def test_the_runtime_plot_is_drawn_when_no_run_has_both_times(tmp_path, reached):
     """A short comparison may leave no configuration with both a measured and a predicted time to the target."""
-    sys.path.insert(0, ROOT)
-    from experiments import plan
+    plan = launcher("plan")
 
     row = {"learners": 1, "sub_batch": 8, "network_time_s": 0.0, "mean_staleness": 1.5, "updates_to_target": None,
            "emulated_updates": None, "per_seed": [{"updates_to_target": None}], "time_to_accuracy_s": reached[0]}

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from launcher_util import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(ROOT, "experiments", "study_emulator.py")
@@ -20,7 +21,7 @@ def _run(*args, timeout=900):
 
 
 def test_emulator_config_follows_the_measured_pmfs():
-    from experiments import study_emulator
+    study_emulator = launcher("study_emulator")
     from experiments.configs import emulator_study
     from jaxsprint.emulation import adapter
 
@@ -85,7 +86,7 @@ def test_bad_study_block_exits_2_and_writes_nothing(tmp_path):
 def test_tiny_study_trains_every_configuration_at_one_constant_rate():
     """The staleness-8 study (emulator_study_tiny.py): no linear scaling, so the runtime and the emulator of
     every configuration share one constant rate, and each configuration's own sub-batch reaches both."""
-    from experiments import study_emulator
+    study_emulator = launcher("study_emulator")
     from experiments.configs import emulator_study_tiny
     from jaxsprint.emulation import adapter
 
