@@ -18,7 +18,8 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), the runs
      of one process layout in a row in the same processes (``experiments.runtime_runs.run_series``: the
      design prices a run by the start-up and compilation it adds; where the series take longer than planned,
-     the least informative runs left are dropped so that the runs keep ``budget_s``); ``runs=grid`` the
+     runs left are dropped, the least information per second saved first, until the rest keep ``budget_s``:
+     ``design.trim``); ``runs=grid`` the
      one-host runs of ``learners`` x
      ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
      ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
@@ -424,20 +425,18 @@ def measure_design(config, measured, log=print):
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
         for n, members in enumerate(series.values()):
-            # Runs that no longer fit in budget_s at the pace measured so far are dropped: the design chooses again
-            # among them, given the runs done (the design's order alone would drop a run that pins a figure).
+            # Runs that no longer fit in budget_s at the pace measured so far are dropped, one at a time, the one
+            # that loses the least information per second saved first, until the rest fit: an overrun drops no
+            # more than it needs, and never a run that pins a figure while another would do.
             ahead = [i for i in chosen if i not in done and i not in dropped]
-            pace = max(1.0, took_s / planned_s) if planned_s else 1.0
-            keep = design.affordable(ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
-                                     k.budget_s - took_s, pace)
+            pace = design.pace(took_s, planned_s)
+            keep = design.trim(jac, ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
+                               k.budget_s - took_s, scale=pace, required=done, groups=design.strata(pool), blocks=4)
             if len(keep) < len(ahead):
-                spent = sum(pace * (cost[i] + extra_s(i, done[:m])) for m, i in enumerate(done))
-                keep = design.select(jac, [pace * c for c in cost], spent + max(0.0, k.budget_s - took_s),
-                                     required=done, candidates=ahead, groups=design.strata(pool), blocks=4,
-                                     extra_s=lambda i, before: pace * extra_s(i, before))[len(done):]
                 dropped += [i for i in ahead if i not in keep]
                 log(f"runs dropped to stay within budget_s={k.budget_s:g} s (the series so far took {took_s:.0f} s "
-                    f"of {planned_s:.0f} planned): {', '.join(pool[i].name for i in ahead if i not in keep)}")
+                    f"of {planned_s:.0f} planned, pace {pace:.3f}): "
+                    f"{', '.join(pool[i].name for i in ahead if i not in keep)}")
             members = [i for i in members if i in keep]
             if not members:
                 continue

@@ -83,16 +83,32 @@ def test_an_entry_costs_what_it_adds_to_the_entries_chosen_before_it():
         design.select(jac, [1.0, 1.0, 1.0], 20.0, required=[0, 2], extra_s=extra_s)  # 22 s required
 
 
-def test_affordable_keeps_the_most_informative_runs_that_fit_at_the_measured_pace():
-    """Runs are kept in the design's order while they fit; at a slower pace (``scale``) the later, least
-    informative ones are dropped first, and a cheaper later run still fits where an expensive one did not."""
-    price = {0: 10.0, 1: 20.0, 2: 30.0, 3: 5.0}
-    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 65.0) == [0, 1, 2, 3]
-    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 65.0, scale=1.2) == [0, 1, 3]
-    assert design.affordable([0, 1, 2, 3], lambda i, before: price[i], 5.0, scale=2.0) == []
+def test_trim_drops_only_what_the_overrun_needs_and_the_least_informative_per_second():
+    """Four runs of 10 s seeing figure 0 twice, figure 1 and figure 2 once each: 5 s over drops one of the
+    two looks at figure 0 (the least information per second), not the run that alone sees a figure; 15 s
+    over drops two."""
+    jac = np.zeros((8, 3))
+    jac[0, 0], jac[1, 0], jac[2, 1], jac[3, 2] = 1.0, 1.0, 1.0, 1.0
+    price = lambda i, before: 10.0  # noqa: E731
+    assert design.trim(jac, [0, 1, 2, 3], price, 40.0) == [0, 1, 2, 3]
+    kept = design.trim(jac, [0, 1, 2, 3], price, 35.0)
+    assert len(kept) == 3 and {2, 3} <= set(kept)
+    assert design.trim(jac, [0, 1, 2, 3], price, 36.0, scale=1.2) == kept  # 48 s at the pace, 36 s left
+    assert len(design.trim(jac, [0, 1, 2, 3], price, 25.0)) == 2
+    # The runs done (required) count: with run 0 done, run 1 adds least and goes first.
+    assert design.trim(jac, [1, 2, 3], price, 25.0, required=[0]) == [2, 3]
+    # A run that is its regime's last stays while another can go, whatever it adds.
+    assert design.trim(jac, [0, 1, 2, 3], price, 35.0, groups=["a", "b", "c", "c"]) in ([0, 1, 2], [0, 1, 3])
     # The price may depend on the runs kept before it (a series' processes started once).
-    started = lambda i, before: price[i] + (0.0 if before else 8.0)  # noqa: E731
-    assert design.affordable([3, 0], started, 23.0) == [3, 0] and design.affordable([3, 0], started, 22.0) == [3]
+    started = lambda i, before: 10.0 + (0.0 if before else 8.0)  # noqa: E731
+    assert design.trim(jac, [2, 3], started, 28.0) == [2, 3] and len(design.trim(jac, [2, 3], started, 27.0)) == 1
+    assert design.trim(jac, [0, 1], price, 5.0) == []
+
+
+def test_pace_is_the_measured_over_the_planned_with_a_prior_at_the_plan():
+    assert design.pace(0.0, 0.0) == 1.0 and design.pace(10.0, 20.0) == 1.0  # faster than planned: 1
+    assert design.pace(19.0, 18.0) == pytest.approx(79.0 / 78.0)  # one short series barely moves it
+    assert design.pace(300.0, 200.0, prior_s=0.0) == 1.5 and design.pace(600.0, 400.0) == pytest.approx(660 / 460)
 
 
 def test_a_design_chosen_again_among_the_runs_left_keeps_the_one_that_pins_a_figure():

@@ -31,7 +31,12 @@ from jaxsprint.errors import check
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["affordable", "candidates", "predicted_rel_std_error", "select", "sensitivities", "strata"]
+__all__ = ["PACE_PRIOR_S", "candidates", "pace", "predicted_rel_std_error", "select", "sensitivities",
+           "strata", "trim"]
+
+# Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
+# calibration's series took 0.87-1.06 of their plan, docs/calibration.md), two series' worth is not.
+PACE_PRIOR_S = 60.0
 
 
 def candidates(*, hosts: Sequence[int] = (1, 2), learners_per_host: Sequence[int] = (1, 2, 4, 8),
@@ -161,17 +166,43 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
             log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
 
 
-def affordable(order: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float,
-               scale: float = 1.0) -> list[int]:
-    """The runs of ``order`` (a design's choice, the most informative first) that fit in ``budget_s`` when each
-    costs ``scale`` times its planned ``price(i, kept before it)``: ``scale`` is what the runs measured so far
-    took over their plan, so that a machine slower to start and compile than the plan's constants keeps the
-    calibration's time and drops the design's least informative runs instead. A run that does not fit is
-    dropped and the later (cheaper) ones are still tried."""
-    kept, spent = [], 0.0
-    for i in order:
-        c = scale * float(price(i, kept))
-        if spent + c <= budget_s:
-            kept.append(i)
-            spent += c
+def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> float:
+    """How much longer than planned the runs take: ``(took + prior) / (planned + prior)``, at least 1 (a fast
+    start adds no runs); ``prior_s`` seconds at the planned pace keep one short series from setting it alone."""
+    return max(1.0, (float(took_s) + prior_s) / (float(planned_s) + prior_s))
+
+
+def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float, *,
+         scale: float = 1.0, required: Sequence[int] = (), groups: Sequence | None = None,
+         blocks: int = 2) -> list[int]:
+    """The runs of ``ahead`` kept when they cost ``scale`` times their ``price(i, kept before it)`` and must fit
+    in ``budget_s``: runs are dropped one at a time, each time the one whose loss of ``log det(J^T J)`` (with
+    the ``required`` runs, those done) per second saved is least, until the rest fit, so that an overrun
+    drops no more than it needs. A run that is its regime's last (``groups``) goes only when every run left is.
+    Returns the kept runs in ``ahead``'s order."""
+    n = jac.shape[0] // blocks
+
+    def spend(runs):
+        total, before = 0.0, []
+        for i in runs:
+            total += scale * float(price(i, before))
+            before.append(i)
+        return total
+
+    def logdet(runs):
+        rows = np.concatenate([_rows(jac, i, n, blocks) for i in runs]) if len(runs) else np.zeros((0, jac.shape[1]))
+        return np.linalg.slogdet(1e-4 * np.eye(jac.shape[1]) + rows.T @ rows)[1]
+
+    kept = list(ahead)
+    while kept and spend(kept) > budget_s:
+        covered = [i for i in kept if groups is None or sum(groups[j] == groups[i]
+                                                               for j in list(required) + kept) > 1]
+        base, cost = logdet(list(required) + kept), spend(kept)
+        best, best_loss = None, math.inf
+        for i in covered or kept:
+            rest = [j for j in kept if j != i]
+            loss = (base - logdet(list(required) + rest)) / max(cost - spend(rest), 1e-9)
+            if loss < best_loss:
+                best, best_loss = i, loss
+        kept.remove(best)
     return kept
