@@ -174,12 +174,12 @@ def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> floa
 
 def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float, *,
          scale: float = 1.0, required: Sequence[int] = (), groups: Sequence | None = None,
-         blocks: int = 2) -> list[int]:
+         blocks: int = 2, ridge: float = 1e-4) -> list[int]:
     """The runs of ``ahead`` kept when they cost ``scale`` times their ``price(i, kept before it)`` and must fit
     in ``budget_s``: runs are dropped one at a time, each time the one whose loss of ``log det(J^T J)`` (with
     the ``required`` runs, those done) per second saved is least, until the rest fit, so that an overrun
     drops no more than it needs. A run that is its regime's last (``groups``) goes only when every run left is.
-    Returns the kept runs in ``ahead``'s order."""
+    ``blocks`` and ``ridge`` as in :func:`select`. Returns the kept runs in ``ahead``'s order."""
     n = jac.shape[0] // blocks
 
     def spend(runs):
@@ -191,7 +191,7 @@ def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[i
 
     def logdet(runs):
         rows = np.concatenate([_rows(jac, i, n, blocks) for i in runs]) if len(runs) else np.zeros((0, jac.shape[1]))
-        return np.linalg.slogdet(1e-4 * np.eye(jac.shape[1]) + rows.T @ rows)[1]
+        return np.linalg.slogdet(ridge * np.eye(jac.shape[1]) + rows.T @ rows)[1]
 
     kept = list(ahead)
     while kept and spend(kept) > budget_s:
