@@ -211,7 +211,7 @@ def check_speed(config, meas_path, log=print):
     (docs/calibration.md). Writes nothing; returns the median change over the sub-batches."""
     import statistics
 
-    from jaxsprint.calibration import host_fit, timing
+    from jaxsprint.calibration import measurements, timing
     from jaxsprint.errors import check, is_int, is_real
     from jaxsprint.runtime.bounds import MAX_SECONDS
 
@@ -227,14 +227,14 @@ def check_speed(config, meas_path, log=print):
           and all(isinstance(g, dict) and is_int(g.get("sub_batch")) and g["sub_batch"] >= 1
                   and is_real(g.get("measured_s")) and g["measured_s"] > 0 for g in steps),
           "config.calibration.measurements", meas_path, what)
-    then = {int(g["sub_batch"]): host_fit.gradient_step_seconds(g) for g in steps}  # both timings' samples
+    then = {int(g["sub_batch"]): measurements.gradient_step_seconds(g) for g in steps}  # both timings' samples
     batches = sorted(then)
     now = timing.measure_gradient_steps(config, batches, rounds=max(1, int(k.rounds_after)),
                                         min_time_s=k.step_time_s)
     changes = []
     log(f"lone step: sub-batch, at the calibration ({meas_path}), now, change")
     for b, (t, samples) in zip(batches, now):
-        cur = host_fit.gradient_step_seconds(dict(measured_s=t, samples=samples))
+        cur = measurements.gradient_step_seconds(dict(measured_s=t, samples=samples))
         changes.append(cur / then[b] - 1.0)
         log(f"  b{b:<4d} {1e3 * then[b]:9.3f} ms {1e3 * cur:9.3f} ms {100 * changes[-1]:+7.1f}%")
     med = statistics.median(changes)
@@ -257,7 +257,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
 
-    from jaxsprint.calibration import host_fit
+    from jaxsprint.calibration import measurements
 
     def lone_steps(batches, rounds=k.rounds):
         steps = timing.measure_gradient_steps(config, batches, rounds=rounds, min_time_s=k.step_time_s, log=log)
@@ -265,7 +265,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
                 for b, (t, s) in zip(batches, steps)]
 
     def disturbance(g):  # the fit takes the (trimmed) mean: a burst of other work during the timing moves it
-        return host_fit.gradient_step_seconds(g) / g["measured_s"]
+        return measurements.gradient_step_seconds(g) / g["measured_s"]
 
     gradient_steps = lone_steps(sub_batches)
     for _ in range(_RETRIES):  # a disturbed timing is measured again; the quieter of the two is kept
@@ -341,13 +341,14 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 def _start(config, measurements):
     """The cpu_runtime preset with the lone steps and all-reduces of ``measurements`` fitted (stages 1-2)."""
-    from jaxsprint.calibration import host, host_fit, model_fit, timing
+    from jaxsprint.calibration import host, model_fit, timing
+    from jaxsprint.calibration.measurements import gradient_step_seconds
     from jaxsprint.perf import machines
 
     import numpy as np
 
     net = timing.runtime_network(config)
-    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), host_fit.gradient_step_seconds(s), 0.0,
+    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), gradient_step_seconds(s), 0.0,
                                   f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
     cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
     ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))

@@ -11,7 +11,7 @@ sys.path.insert(0, ROOT)
 def test_lone_steps_before_and_after_the_runs_are_merged():
     """The fit takes every sample of both timings; the record keeps each timing's trimmed mean and the drift."""
     from jaxsprint.calibration import timing
-    from jaxsprint.calibration import host_fit
+    from jaxsprint.calibration import measurements
 
     def rec(b, t, n):
         return dict(sub_batch=b, measured_s=t, mean_s=t, samples=[t] * n)
@@ -20,7 +20,7 @@ def test_lone_steps_before_and_after_the_runs_are_merged():
     assert [g["sub_batch"] for g in merged] == [8, 32]
     assert merged[0]["drift"] == pytest.approx(0.0) and len(merged[0]["samples"]) == 40
     assert merged[1]["drift"] == pytest.approx(0.25) and merged[1]["measured_s"] == pytest.approx(4e-3)
-    assert host_fit.gradient_step_seconds(merged[1]) == pytest.approx(4.5e-3)
+    assert measurements.gradient_step_seconds(merged[1]) == pytest.approx(4.5e-3)
     assert (merged[1]["before_s"], merged[1]["after_s"]) == pytest.approx((4e-3, 5e-3))
 
 

@@ -310,7 +310,7 @@ def test_an_applying_cycle_waits_for_a_core_per_learner_beyond_the_cores():
     all-reduce instead, not omega."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
-    base = hf.with_figures(_host(), updater_apply_core_wait_s=0.0)
+    base = hf.with_figures(_host(), updater_apply_core_wait_s=0.0, updater_wake_share=0.0)
     omega = 5e-4
     m = hf.with_figures(base, updater_apply_core_wait_s=omega)
     cores = float(base.cores_per_node)
@@ -327,7 +327,34 @@ def test_an_applying_cycle_waits_for_a_core_per_learner_beyond_the_cores():
             if hosts == 1 and per_host == 8 and net_s == 0:
                 assert 0.05 < cold < 0.95  # both kinds of apply: the test sees the share
     # A host section written before the figure existed loads it at its neutral value, 0.
-    figures = {f: float(getattr(base, f)) for f in hf.FIELDS if f != "updater_apply_core_wait_s"}
+    figures = {f: float(getattr(base, f)) for f in hf.FIELDS if f not in hf.ADDED_LATER}
     old = hf.make_host("old", {}, **figures)
     assert float(old.updater_apply_core_wait_s) == 0.0 and dict(old.sources)["updater_apply_core_wait_s"].startswith(
         "neutral: 0")
+
+
+def test_a_share_of_the_core_wait_is_paid_on_waking_from_every_sleep():
+    """``updater_wake_share`` (f): where the updater sleeps (network time) on one host, every cycle pays ``f omega
+    (N - C + 1)^+`` on waking and an applying cycle the rest, so the empty cycle is longer by that and the
+    applying one is as long as without it; without network time, or across co-located hosts, nothing changes;
+    ``runtime_update_time_s`` agrees with the fixed point's mean cycle."""
+    net = zoo.get("resnet8")
+    rt = mc.get("cpu_runtime")
+    omega, share = 5e-4, 0.4
+    base = hf.with_figures(_host(), updater_apply_core_wait_s=omega, updater_wake_share=0.0)
+    m = hf.with_figures(base, updater_wake_share=share)
+    cores = float(base.cores_per_node)
+    for hosts, per_host in ((1, 1), (1, 4), (1, 8), (2, 4)):
+        for net_s in (0.0, 0.005):
+            kw = dict(learners_per_host=per_host, hosts=hosts, sub_batch=8, network_time_s=net_s)
+            woke, cold = hf.runtime_times(net, rt, m, **kw), hf.runtime_times(net, rt, base, **kw)
+            want = share * omega * max(per_host - cores + 1.0, 0.0) if hosts == 1 and net_s > 0 else 0.0
+            empty = float(woke.t_update_empty_s) - float(cold.t_update_empty_s)
+            assert empty == pytest.approx(want, rel=1e-3, abs=1e-7), (hosts, per_host, net_s)
+            assert float(woke.t_update_applying_s) == pytest.approx(float(cold.t_update_applying_s), rel=1e-4)
+            a = _share(per_host * hosts, woke)
+            mean = hf.runtime_update_time_s(net, rt, m, hosts, per_host, net_s, sharing_learners=per_host * hosts,
+                                            sub_batch=8, nonempty=a)
+            assert float(mean) == pytest.approx(float(woke.t_update_s), rel=1e-4), (hosts, per_host, net_s)
+            if want:
+                assert want > 1e-4  # the case sees the term

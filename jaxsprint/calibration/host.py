@@ -15,7 +15,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_{empty} = (t_{overhead} + c\,N_h)(1 + s_H [nodes > 1]) + n_L\,g\,\tfrac{\rho}{1 - \rho}
                 + (t_{queue} + w_R\,T_c(b)\,d + z N) [nodes > 1] + t_{net} + \mathrm{allreduce}(4P, nodes), \\
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1])
-                + \omega\,(N - C + 1)^+ (1 - a\,[t_{net} = 0]) [one\ host], \quad
+                + (1 - f [t_{net} > 0])\,\omega\,(N - C + 1)^+ (1 - a\,[t_{net} = 0]) [one\ host], \\
+    T_{empty} \mathrel{+}= f\,\omega\,(N - C + 1)^+ [t_{net} > 0] [one\ host], \quad
     t_{prog} = t_{queue} + w\,T_c(b)\,d, \quad t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad
     d = [shared]\,[N_h > 1]
 
@@ -33,7 +34,8 @@ kinds of cycle the calibration measures apart; ``s_H`` = ``updater_hosts_stretch
 the emulated network time, ``k`` = :data:`RUNTIME_SHARPNESS`; ``omega`` = ``updater_apply_core_wait_s``, an
 applying cycle's wait for a core among the learner threads of its host (co-located hosts pay ``z N`` instead),
 paid by an apply that follows an empty cycle or the network's sleep (a share ``1 - a`` of them without network
-time): right after an apply the updater's device is still at work.
+time): right after an apply the updater's device is still at work; ``f`` = ``updater_wake_share`` of it is
+paid instead by every cycle that slept (the updater waking among the learner threads).
 Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
 work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
 busy updater. Shared device (``d``): with the updater on the first learner's device, an update program waits
@@ -60,7 +62,7 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
-__all__ = ["ADDED_LATER", "FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
+__all__ = ["ADDED_LATER", "COMPATIBLE_FORMATS", "FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL", "RUNTIME_ITERATIONS",
            "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s", "load_host",
            "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
            "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
@@ -69,7 +71,9 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-5"  # 5: omega only after an empty cycle or a sleep; 4: paid by every apply
+HOST_FORMAT = "jaxsprint-host-6"  # 6: a share of omega paid on waking from every sleep
+# Formats read as this one with the figures they lack neutral (ADDED_LATER): the same form with those terms off.
+COMPATIBLE_FORMATS = ("jaxsprint-host-5",)
 OLD_FORMATS = {"jaxsprint-host-3": "shared-device waits in learner cycles",
                "jaxsprint-host-4": "the core wait paid by every applying cycle"}
 # An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
@@ -101,6 +105,8 @@ class HostFigures:
       updater_apply_core_wait_s: ``omega``, an applying cycle's wait for a core, per learner thread beyond the
         host's cores (its update program must get a core among them; one host, or hosts on separate machines),
         where the cycle before it was empty or slept.
+      updater_wake_share: ``f``, the share of that wait paid instead by every cycle that slept (network time),
+        on waking: 0 to 1.
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
@@ -125,6 +131,7 @@ class HostFigures:
     updater_lock_waits: jax.Array
     updater_sync_per_learner_s: jax.Array
     updater_apply_core_wait_s: jax.Array
+    updater_wake_share: jax.Array
     learner_lock_wait_s: jax.Array
     learner_updater_stretch: jax.Array
     learner_cv: jax.Array
@@ -136,7 +143,7 @@ class HostFigures:
 FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
 _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
 # Figures added after host format 3 was first written: a section without them loads them neutral (term off).
-ADDED_LATER = ("updater_apply_core_wait_s",)
+ADDED_LATER = ("updater_apply_core_wait_s", "updater_wake_share")
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
@@ -153,6 +160,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
     updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
     updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
+    updater_wake_share=(0.0, "neutral: 0 (the core wait is paid by the applying cycles only)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
@@ -221,7 +229,8 @@ def _from_json(section: Any, path: str) -> HostFigures:
     if isinstance(section, dict) and section.get("format") in OLD_FORMATS:
         what += (f"; this one is {section['format']!r} ({OLD_FORMATS[section['format']]}): fit it again, "
                  "experiments/calibrate_runtime.py --config.calibration.fit_only=True")
-    if not isinstance(section, dict) or section.get("format") != HOST_FORMAT or not isinstance(
+    readable = (HOST_FORMAT, *COMPATIBLE_FORMATS)
+    if not isinstance(section, dict) or section.get("format") not in readable or not isinstance(
             section.get("figures"), dict):
         raise DataError("machine_file", path, what)
     try:
@@ -361,6 +370,13 @@ def _cold(nonempty, network_time_s):
     return 1.0 - nonempty * jnp.where(jnp.asarray(network_time_s, jnp.float32) > 0, 0.0, 1.0)
 
 
+def _core_waits(host, t_core, nonempty, network_time_s):
+    """``(every cycle's, every applying cycle's)`` part of the core wait ``t_core``: the share ``f`` paid on
+    waking from the network's sleep by every cycle, the rest by the applies after an empty cycle or a sleep."""
+    wake = host.updater_wake_share * jnp.where(jnp.asarray(network_time_s, jnp.float32) > 0, 1.0, 0.0)
+    return t_core * wake, t_core * (1.0 - wake) * _cold(nonempty, network_time_s)
+
+
 def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigures, nodes: jax.Array,
                           learners: jax.Array, network_time_s: jax.Array = 0.0, *,
                           sharing_learners: jax.Array | None = None, cores: jax.Array | None = None,
@@ -375,7 +391,8 @@ def runtime_update_time_s(network: NetworkCost, machine: Machine, host: HostFigu
     t_base, t_queue, t_apply, t_core, t_wait = _update_parts(network, machine, host, nodes, learners, network_time_s,
                                                              sharing_learners, cores, algorithm, sub_batch, co_located)
     programs = nonempty + jnp.where(jnp.asarray(nodes, jnp.float32) > 1, 1.0, 0.0)
-    return t_base + t_queue * programs + (t_apply + t_core * _cold(nonempty, network_time_s)) * nonempty + t_wait
+    t_every, t_cold = _core_waits(host, t_core, nonempty, network_time_s)
+    return t_base + t_queue * programs + t_every + (t_apply + t_cold) * nonempty + t_wait
 
 
 class RuntimeTimes(NamedTuple):
@@ -421,8 +438,9 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     def cycles(nonempty, t_c_before):  # scalar arithmetic only: the fixed point below repeats it
         rho = jnp.minimum(0.95, per_host * g / t_c_before)  # the learners' lock share
         t_lock = host.updater_lock_waits * g * rho / (1.0 - rho)
-        t_empty = jnp.maximum(t_base + allreduce_wait * programs + t_lock, MIN_CYCLE_S)
-        applying = t_apply + t_core * _cold(nonempty, network_time_s) + apply_wait
+        t_every, t_cold = _core_waits(host, t_core, nonempty, network_time_s)
+        t_empty = jnp.maximum(t_base + allreduce_wait * programs + t_lock + t_every, MIN_CYCLE_S)
+        applying = t_apply + t_cold + apply_wait
         t_own = t_empty + applying * nonempty
         t_u = t_own + t_wait
         beta = t_own / t_u

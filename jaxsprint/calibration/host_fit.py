@@ -30,10 +30,10 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
 from jaxsprint.errors import check
 from jaxsprint.calibration import host as hostfig
+from jaxsprint.calibration import measurements
 from jaxsprint.calibration import model_fit as calib
 from jaxsprint.calibration.host import HostFigures
 from jaxsprint.perf import fit as lsq
@@ -44,7 +44,7 @@ from jaxsprint.perf.networks import NetworkCost
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
            "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD",
            "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device",
-           "fit_runtime", "gradient_step_seconds", "input_per_sample", "predict_runs", "sensitivities", "with_figures"]
+           "fit_runtime", "predict_runs", "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
@@ -53,7 +53,7 @@ NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
                   "updater_shared_allreduce_wait", "updater_lock_waits", "updater_sync_per_learner_s",
-                  "updater_apply_core_wait_s", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
+                  "updater_apply_core_wait_s", "updater_wake_share", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
                   "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
@@ -69,14 +69,14 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_lock_waits": (1e-3, 20.0), "learner_lock_wait_s": (1e-6, 0.05),
                   "learner_updater_stretch": (1e-3, 4.0),
                   "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
-                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
+                  "updater_wake_share": (1e-3, 1.0),                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3, "updater_shared_wait": 0.3,
                  "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
-                 "host_memory_bandwidth_bytes_per_s": 2e9}
+                 "updater_wake_share": 0.5,                 "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # >1 host
 SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
@@ -200,35 +200,6 @@ class RuntimeFit:
         return dict(fitted=self.fitted, rel_std_error=self.rel_std_error, at_bound=self.at_bound, loss=self.loss,
                     compute=calib.error_stats(self.compute_errors), update=calib.error_stats(self.update_errors),
                     stages=self.stages)
-
-
-def gradient_step_seconds(record: dict[str, Any]) -> float:
-    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
-    (module docstring, stage 1), or its ``measured_s`` when it has no samples."""
-    samples = record.get("samples") or []
-    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
-
-
-def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
-    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
-    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
-    sub-batches; a slope below 0 is 0).
-
-    Raises:
-      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
-    """
-    b = [int(x) for x, _ in draws]
-    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
-    t = []
-    for x, samples in draws:
-        v = np.asarray(samples, np.float64)
-        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
-              "a sub-batch with finite draw times > 0")
-        t.append(float(scipy.stats.trim_mean(v, 0.1)))
-    line = scipy.stats.linregress(b, t)
-    slope = max(float(line.slope), 0.0)
-    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
-    return slope, rse
 
 
 def _columns(runs: Sequence[RuntimeRun]) -> np.ndarray:
@@ -483,7 +454,7 @@ def fit_device(machine: Machine, host: HostFigures, network: NetworkCost, *,
         stages["step_cores"] = float(step_cores)
     input_draws = list(input_draws)
     if input_draws:
-        per_sample, per_sample_rse = input_per_sample(input_draws)
+        per_sample, per_sample_rse = measurements.input_per_sample(input_draws)
         host = host.replace(**{INPUT_FIELD: jnp.float32(per_sample)})
         fitted[INPUT_FIELD], rse[INPUT_FIELD] = per_sample, per_sample_rse
         stages["input_per_sample_s"] = per_sample
@@ -547,9 +518,9 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
       seed: Seed of the random starts of stages 1 and 2.
       fixed: ``{field: (value, reason)}`` held at ``value`` and fitted by no stage (e.g. :data:`FIXED`).
       fix_undetermined: After stage 3, hold every host figure the runs do not determine (relative standard
-        error above :data:`UNDETERMINED_RSE`, or on its lower bound, where the form is flat; the worst first) at
-        its neutral value (0 for ``updater_overhead_s``; one on its upper bound, the form's limit, where it is)
-        and fit the rest again, until every fitted figure is determined; ``stages["fixed"]`` has the reasons.
+        error above :data:`UNDETERMINED_RSE`, or on a bound: on its lower one the form is flat; the worst first)
+        at its neutral value (0 for ``updater_overhead_s``; one on its upper bound, the form's limit, where it
+        is) and fit the rest again, until every fitted figure is determined; ``stages["fixed"]`` has the reasons.
 
     Returns:
       :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
@@ -570,11 +541,11 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
         # On its lower bound a term is off, and the form flat in it.
         low = {f for f in res.at_bound if res.fitted[f] <= RUNTIME_BOUNDS.get(f, (0.0,))[0] * 1.05}
         loose = [f for f in res.rel_std_error if f in RUNTIME_FIELDS and f != STEP_CORES_FIELD and (
-            f in low or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
+            f in res.at_bound or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
         if not loose:
             break
-        worst = max(loose, key=lambda f: (f in low, res.rel_std_error[f]))
-        why = ("on its lower bound" if worst in low else
+        worst = max(loose, key=lambda f: (f in low, f in res.at_bound, res.rel_std_error[f]))
+        why = ("on its lower bound" if worst in low else "on its upper bound" if worst in res.at_bound else
                f"relative standard error {res.rel_std_error[worst]:.3g} > {UNDETERMINED_RSE:g}")
         if worst in res.at_bound and worst not in low:  # the form's limit: held where the runs pushed it
             value = res.fitted[worst]

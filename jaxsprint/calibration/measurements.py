@@ -17,13 +17,16 @@ import json
 import math
 from typing import Any, Sequence
 
+import numpy as np
+import scipy.stats
+
 from jaxsprint.calibration.model_fit import AllreduceTiming, StepTiming
-from jaxsprint.errors import DataError
+from jaxsprint.errors import DataError, check
 from jaxsprint.perf import zoo
 from jaxsprint.perf.networks import NetworkCost
 from jaxsprint.perf.presets import WRITER, read_json
 
-__all__ = ["allreduce_timings", "load_measurements", "step_timings"]
+__all__ = ["allreduce_timings", "gradient_step_seconds", "input_per_sample", "load_measurements", "step_timings"]
 
 # Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
 # writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
@@ -145,3 +148,32 @@ def allreduce_timings(records: Sequence[dict[str, Any]]) -> list[AllreduceTiming
     """:class:`~jaxsprint.calibration.model_fit.AllreduceTiming` of all-reduce records."""
     return [AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]),
                             f"allreduce {int(a['bytes'])} B x {int(a['ranks'])}") for a in records]
+
+
+def gradient_step_seconds(record: dict[str, Any]) -> float:
+    """The lone step time a stored gradient-step record stands for: the 10%-trimmed mean of its ``samples``
+    (a burst of other work on the machine during the timing stays out), or its ``measured_s`` when it has no samples."""
+    samples = record.get("samples") or []
+    return float(scipy.stats.trim_mean(samples, 0.1)) if len(samples) else float(record["measured_s"])
+
+
+def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[float, float]:
+    """``(seconds per sample, its relative standard error)`` of a learner's input draw: the least-squares slope
+    of the draws' 10%-trimmed mean times over their sub-batches (``[(sub_batch, samples)]``, 2 or more
+    sub-batches; a slope below 0 is 0).
+
+    Raises:
+      ConfigError: fewer than 2 distinct sub-batches, or a sub-batch without finite samples > 0.
+    """
+    b = [int(x) for x, _ in draws]
+    check(len(set(b)) >= 2, "input_draws", b, "draws at 2 or more distinct sub-batches")
+    t = []
+    for x, samples in draws:
+        v = np.asarray(samples, np.float64)
+        check(v.size > 0 and bool(np.all(np.isfinite(v) & (v > 0))), "input_draws", x,
+              "a sub-batch with finite draw times > 0")
+        t.append(float(scipy.stats.trim_mean(v, 0.1)))
+    line = scipy.stats.linregress(b, t)
+    slope = max(float(line.slope), 0.0)
+    rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
+    return slope, rse

@@ -368,14 +368,14 @@ def merge_lone_steps(before, after):
     ``experiments/calibrate_runtime.py`` makes them): every sample of both (the fit takes their trimmed mean,
     so the machine's speed over the whole calibration), the better best-round median, each timing's trimmed mean
     (``before_s``, ``after_s``) with ``drift = after_s / before_s - 1``."""
-    from jaxsprint.calibration import host_fit
+    from jaxsprint.calibration import measurements
 
     later = {g["sub_batch"]: g for g in after}
     out = []
     for g in before:
         a = later[g["sub_batch"]]
         samples = list(g["samples"]) + list(a["samples"])
-        t0, t1 = host_fit.gradient_step_seconds(g), host_fit.gradient_step_seconds(a)
+        t0, t1 = measurements.gradient_step_seconds(g), measurements.gradient_step_seconds(a)
         out.append(dict(sub_batch=g["sub_batch"], measured_s=min(g["measured_s"], a["measured_s"]),
                         mean_s=float(sum(samples) / len(samples)), samples=samples, before_s=t0, after_s=t1,
                         drift=t1 / t0 - 1.0))
