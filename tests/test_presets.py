@@ -191,3 +191,18 @@ def test_a_host_section_of_an_older_form_is_refused_with_the_command_that_refits
     with raises_invalid("machine_file", str(path), f"this one is {old!r}", DataError) as info:
         host.load_host(mc.get("cpu_runtime"), path=str(path))
     assert "--config.calibration.fit_only=True" in info.value.allowed and host.HOST_FORMAT in info.value.allowed
+
+
+@pytest.mark.parametrize("compatible", host.COMPATIBLE_FORMATS)
+def test_a_host_section_of_a_compatible_form_loads_with_the_newer_terms_off(tmp_path, compatible):
+    """A host section of a form that the current one extends (its figures mean the same) loads, each figure it
+    lacks at its neutral value (the term off) with that source; its own figures are kept."""
+    with open(os.path.join(ROOT, "jaxsprint", "perf", "data", "cpu_runtime.json")) as f:
+        data = json.load(f)
+    data["host"]["format"] = compatible
+    del data["host"]["figures"]["updater_wake_share"]
+    path = tmp_path / "compatible.json"
+    path.write_text(json.dumps(data))
+    h = host.load_host(mc.get("cpu_runtime"), path=str(path))
+    assert float(h.updater_wake_share) == 0.0 and "absent" in dict(h.sources)["updater_wake_share"]
+    assert float(h.updater_apply_core_wait_s) == pytest.approx(data["host"]["figures"]["updater_apply_core_wait_s"])
