@@ -19,7 +19,7 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      of one process layout in a row in the same processes (``experiments.runtime_runs.run_series``: the
      design prices a run by the start-up and compilation it adds; where the series take longer than planned,
      runs left are dropped, the least information per second saved first, until the rest keep ``budget_s``:
-     ``design.trim``); ``runs=grid`` the
+     ``design.trim``; and what is left of ``total_s``, the whole calibration's wall clock); ``runs=grid`` the
      one-host runs of ``learners`` x
      ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
      ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
@@ -32,6 +32,9 @@ its source and relative standard error, the fit's summary and the command (the d
 import math
 import os
 import sys
+import time
+
+_STARTED = time.monotonic()  # the calibration's wall clock (config.calibration.total_s) counts from here
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -143,7 +146,8 @@ def check_plan(config, sub_batches, learners, network_times):
     check(isinstance(k.fix_undetermined, bool), "config.calibration.fix_undetermined", k.fix_undetermined,
           "True or False")
     if k.runs == "design":
-        for name, lo in (("budget_s", 1.0), ("run_max_duration_s", 1.0), ("run_startup_s", 0.0),
+        for name, lo in (("budget_s", 1.0), ("total_s", 1.0), ("fit_s", 0.0), ("run_max_duration_s", 1.0),
+                         ("run_startup_s", 0.0),
                          ("run_segment_s", 0.0), ("run_compile_s", 0.0), ("run_timeout_s", 1.0)):
             v = k[name]
             check(is_real(v) and lo <= v <= MAX_SECONDS, f"config.calibration.{name}", v,
@@ -268,6 +272,9 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
         return measurements.gradient_step_seconds(g) / g["measured_s"]
 
     gradient_steps = lone_steps(sub_batches)
+    # The wall clock the runs must end by: total_s, less the lone steps' rounds after them and the fit.
+    after_s = (time.monotonic() - _STARTED) * k.rounds_after / k.rounds
+    deadline = _STARTED + k.total_s - after_s - k.fit_s
     for _ in range(_RETRIES):  # a disturbed timing is measured again; the quieter of the two is kept
         busy = [g["sub_batch"] for g in gradient_steps if disturbance(g) > _BUSY]
         if not busy:
@@ -299,7 +306,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     elif k.runs == "design":
-        runs, chosen = measure_design(config, out, log=log)
+        runs, chosen = measure_design(config, out, log=log, deadline=deadline)
         if k.rounds_after:  # the machine's speed may have moved during the runs: the fit takes both timings
             after = lone_steps(sub_batches, k.rounds_after)
             out["gradient_steps"] = timing.merge_lone_steps(gradient_steps, after)
@@ -365,18 +372,22 @@ def _start(config, measurements):
             host.load_host(start, "cpu_runtime"))
 
 
-def measure_design(config, measured, log=print):
+def measure_design(config, measured, log=print, deadline=None):
     """The designed runtime runs (``calibration.runs=design``): the candidates' sensitivities at the preset
     with this machine's lone steps and all-reduces fitted, a greedy D-optimal choice within ``budget_s``
     (``jaxsprint.calibration.design``), then every chosen run as its own processes
     (``experiments.runtime_runs``). Returns their records (a failed run is reported and left out) and the
-    design (the runs chosen, their planned lengths, the predicted relative standard errors)."""
+    design (the runs chosen, their planned lengths, the predicted relative standard errors). ``deadline``
+    (``time.monotonic()``): the runs end by then (``total_s``), dropping runs as ``budget_s`` does.
+
+    Raises:
+      ConfigError: no run fits in what is left of ``total_s``."""
     import shutil
     import tempfile
-    import time
 
     from experiments import runtime_runs
     from jaxsprint.calibration import compare, design, host_fit
+    from jaxsprint.errors import check
     from ml_collections import config_flags
 
     k = config.calibration
@@ -409,7 +420,15 @@ def measure_design(config, measured, log=print):
         return (0.0 if same else start_s) + (0.0 if pool[i].sub_batch in same else compile_s)
 
     cost = [k.run_segment_s + d for d in plan]
-    chosen = design.select(jac, cost, k.budget_s, groups=design.strata(pool), blocks=4, extra_s=extra_s)
+
+    def left_s(took_s):  # what the runs may still spend: budget_s, and what is left of the wall clock
+        return min(k.budget_s - took_s, math.inf if deadline is None else deadline - time.monotonic())
+
+    budget = max(left_s(0.0), 0.0)
+    chosen = design.select(jac, cost, budget, groups=design.strata(pool), blocks=4, extra_s=extra_s)
+    check(len(chosen) > 0, "config.calibration.total_s", k.total_s,
+          f"a wall clock that leaves the runs time after the lone steps and all-reduces ({budget:.0f} s left of it, "
+          f"less than the shortest run) or config.calibration.fit_s={k.fit_s:g} less")
     rse = design.predicted_rel_std_error(jac, chosen, blocks=4)
     series = {}
     for i in chosen:  # the runs of one layout in a row, in the order chosen
@@ -418,8 +437,8 @@ def measure_design(config, measured, log=print):
     chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
                          series=[[pool[i].name for i in s] for s in series.values()],
                          predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
-    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s; predicted relative standard "
-        "errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
+    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s of {budget:.0f}; predicted "
+        "relative standard errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
     records, done, took_s, planned_s, dropped = [], [], 0.0, 0.0, []
@@ -431,12 +450,13 @@ def measure_design(config, measured, log=print):
             # more than it needs, and never a run that pins a figure while another would do.
             ahead = [i for i in chosen if i not in done and i not in dropped]
             pace = design.pace(took_s, planned_s)
+            left = left_s(took_s)
             keep = design.trim(jac, ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
-                               k.budget_s - took_s, scale=pace, required=done, groups=design.strata(pool), blocks=4)
+                               left, scale=pace, required=done, groups=design.strata(pool), blocks=4)
             if len(keep) < len(ahead):
                 dropped += [i for i in ahead if i not in keep]
-                log(f"runs dropped to stay within budget_s={k.budget_s:g} s (the series so far took {took_s:.0f} s "
-                    f"of {planned_s:.0f} planned, pace {pace:.3f}): "
+                log(f"runs dropped to stay within budget_s={k.budget_s:g} s and total_s={k.total_s:g} s ({left:.0f} "
+                    f"s left; the series so far took {took_s:.0f} s of {planned_s:.0f} planned, pace {pace:.3f}): "
                     f"{', '.join(pool[i].name for i in ahead if i not in keep)}")
             members = [i for i in members if i in keep]
             if not members:

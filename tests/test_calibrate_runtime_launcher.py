@@ -228,3 +228,44 @@ def test_check_speed_times_the_lone_steps_again_and_writes_nothing(tmp_path):
     r = _run(*args)
     assert r.returncode == 2 and "error: invalid config.calibration.measurements=" in r.stderr
     assert "Traceback" not in r.stderr and os.listdir(tmp_path) == ["cal.json"]
+
+
+def test_the_runs_end_by_the_calibrations_wall_clock(monkeypatch):
+    """With a deadline (``total_s``), the design spends at most what is left of the wall clock; a stall during a
+    series drops the runs that no longer fit (logged), so the runs still end by the deadline; a deadline that
+    leaves no run is an error naming ``total_s``. (The series are faked: each takes the seconds it was planned,
+    the first one also ``stall`` more, on a fake clock.)"""
+    import types
+
+    cr = launcher("calibrate_runtime")
+    from experiments import runtime_runs
+    from experiments.configs import calibrate_runtime as cfg
+    from jaxsprint.errors import ConfigError
+    from ml_collections import config_flags
+
+    with open(os.path.join(ROOT, "docs", "runtime-calibration-design.json")) as f:
+        measured = json.load(f)["measurements"]
+    clock = [1000.0]
+    monkeypatch.setattr(cr, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(config_flags, "get_config_filename", lambda flag: "config.py")
+    config = cfg.get_config()
+    for stall in (0.0, 100.0):
+        calls = []
+
+        def series(entries, durations_s, workdir, **kw):
+            clock[0] += sum(durations_s) + config.calibration.run_segment_s * len(entries) + (stall if not calls else 0)
+            calls.append([e.name for e in entries])
+            return [dict(measured={**{k: 1e-3 for k in cr._RECORD}, "gradients": 100, "updates": 100})
+                    for _ in entries]
+
+        monkeypatch.setattr(runtime_runs, "run_series", series)
+        lines = []
+        deadline = clock[0] + 200.0
+        records, design = cr.measure_design(config, measured, log=lines.append, deadline=deadline)
+        assert any(" s of 200; predicted" in ln for ln in lines), lines[:3]
+        assert clock[0] <= deadline and len(records) == sum(len(c) for c in calls) >= 2
+        assert bool(design["dropped"]) == (stall > 0)
+        if stall:
+            assert any(ln.startswith("runs dropped to stay within budget_s=430 s and total_s=570 s") for ln in lines)
+    with pytest.raises(ConfigError, match="config.calibration.total_s"):
+        cr.measure_design(config, measured, log=lines.append, deadline=clock[0] + 1.0)

@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
     k.runs = "design"
     k.budget_s = 430.0              # design: seconds of runs (each run's start-up and length) it may spend
     #                                 (held at the pace measured: runs that no longer fit are dropped)
+    k.total_s = 570.0               # design: the whole calibration's wall clock, from the launcher's start (s):
+    #                                 the runs get at most what is left of it after the lone steps and
+    #                                 all-reduces, less the lone steps' rounds after them and fit_s
+    k.fit_s = 60.0                  # design: seconds kept for the fit after the runs (35-45 s on 2 cores)
     k.run_min_gradients = 500       # design: gradients after the warm-up each run is planned for
     k.run_min_updates = 100         # design: updates after the warm-up each run is planned for
     k.run_min_measure_s = 4.0       # design: seconds each run measures after its warm-up at least
