@@ -53,8 +53,8 @@ NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s", "updater_shared_wait",
                   "updater_shared_allreduce_wait", "updater_lock_waits", "updater_sync_per_learner_s",
-                  "updater_apply_core_wait_s", "updater_wake_share", "learner_lock_wait_s", "learner_updater_stretch", "learner_step_cores",
-                  "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
+                  "updater_apply_core_wait_s", "updater_wake_share", "learner_lock_wait_s", "learner_updater_stretch",
+                  "learner_step_cores", "learner_step_cores_half_batch", "host_memory_bandwidth_bytes_per_s")
 INPUT_FIELD = "learner_input_per_sample_s"  # measured (fit_all's input_draws), held by stage 3
 # Measured by fit_all's step_cores (a lone step's CPU time over wall time), which starts stage 3's fit of it.
 STEP_CORES_FIELD = "learner_step_cores"

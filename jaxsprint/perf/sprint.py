@@ -269,7 +269,6 @@ def _count(n, r, cv, ucv, shift, learner_size: int, size: int, m: int):
     lo, hi = rn.bounds(mean, var_size, 0.0)
     offset, stride = rn.lattice(lo, hi, size)
     w, c, h = rn.shifted_gamma_cells(r, ucv, shift, m)
-    omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
 
     def node(c_m, h_m):
         k0, p = _learner_pmf(c_m, cv, learner_size)
@@ -303,7 +302,6 @@ def _staleness(q, cv, ucv, shift, size: int, m: int):
     s = offset + jnp.arange(1, size, dtype=jnp.float32)
     fixed = rn.pmf_from_tail(rn.staleness_tail_fixed_updater(s, q, cv))
     w, c, h = rn.gamma_cells(q, cv, m)
-    omega = 2.0 * math.pi * jnp.arange(size // 2 + 1, dtype=jnp.float32) / size
 
     def node(c_m, h_m):
         pmf = rn.pmf_from_tail(rn.renewal_tail(s - 1.0, c_m, ucv, shift))

@@ -39,7 +39,7 @@ from jax.flatten_util import ravel_pytree
 from jaxsprint import paths
 from jaxsprint.train import checkpoint, cpu, models, optim, pipeline, polish, trainer
 from jaxsprint.train import data as data_lib
-from jaxsprint.errors import ConfigError, check, is_int, is_real
+from jaxsprint.errors import check, is_int, is_real
 from jaxsprint.runtime import bounds, collective as collective_lib
 from jaxsprint.runtime.buffer import Control, NodeBuffer, Published
 from jaxsprint.runtime.learner import POLL_S, Learner, SubBatches, make_gradient_fn
