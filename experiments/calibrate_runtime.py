@@ -147,8 +147,8 @@ def check_plan(config, sub_batches, learners, network_times):
           "True or False")
     if k.runs == "design":
         for name, lo in (("budget_s", 1.0), ("total_s", 1.0), ("fit_s", 0.0), ("run_max_duration_s", 1.0),
-                         ("run_startup_s", 0.0),
-                         ("run_segment_s", 0.0), ("run_compile_s", 0.0), ("run_timeout_s", 1.0)):
+                         ("run_startup_s", 0.0), ("run_segment_s", 0.0), ("run_compile_s", 0.0),
+                         ("run_timeout_s", 1.0)):
             v = k[name]
             check(is_real(v) and lo <= v <= MAX_SECONDS, f"config.calibration.{name}", v,
                   f"a number of seconds in [{lo:g}, {MAX_SECONDS:g}]")

@@ -178,9 +178,11 @@ def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
     for f, d in held.items():
         # Neutral: the host's; a machine figure (the updater's bandwidth) stays at the preset's.
         neutral = hf.NEUTRAL[f][0] if f in hf.NEUTRAL else 0.0 if f == "updater_overhead_s" else _figure(START, f)
-        if "upper bound" in d["reason"]:  # the form's limit (a share of 1): held where the runs pushed it
-            neutral = rc.RUNTIME_BOUNDS[f][1]
-        assert d["value"] == pytest.approx(neutral, rel=0.05) and "do not determine it" in d["reason"]
+        if "upper bound" in d["reason"]:  # the form's limit (a share of 1): held where the runs pushed it, within
+            assert d["value"] == pytest.approx(rc.RUNTIME_BOUNDS[f][1], rel=0.03)  # at_bound's 3% of the bound
+        else:
+            assert d["value"] == pytest.approx(neutral)
+        assert "do not determine it" in d["reason"]
         assert f not in r.stages["runtime"]["fitted"]
     for f, se in r.stages["runtime"]["rel_std_error"].items():
         if f in rc.RUNTIME_FIELDS and f != rc.STEP_CORES_FIELD:

@@ -63,8 +63,8 @@ from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
 __all__ = ["ADDED_LATER", "COMPATIBLE_FORMATS", "FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL",
-           "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s", "load_host",
-           "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
+           "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s",
+           "load_host", "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
            "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
 
 RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)

@@ -69,14 +69,14 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_lock_waits": (1e-3, 20.0), "learner_lock_wait_s": (1e-6, 0.05),
                   "learner_updater_stretch": (1e-3, 4.0),
                   "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
-                  "updater_wake_share": (1e-3, 1.0),                  "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
+                  "updater_wake_share": (1e-3, 1.0), "host_memory_bandwidth_bytes_per_s": (1e8, 1e12)}
 # A second starting point of stage 3, of the order of the figures of this project's 2-core machine.
 RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner_step_cores_half_batch": 30.0,
                  "updater_overhead_s": 1e-3, "updater_per_learner_s": 1e-3, "updater_cores": 0.3,
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3, "updater_shared_wait": 0.3,
                  "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
-                 "updater_wake_share": 0.5,                 "host_memory_bandwidth_bytes_per_s": 2e9}
+                 "updater_wake_share": 0.5, "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # >1 host
 SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
