@@ -52,8 +52,9 @@ def _true_runs():
 def test_fit_runtime_recovers_the_figures_that_made_the_runs():
     r = rc.fit_runtime(*START, NET, list(_true_runs()))
     assert rc.STEP_CORES_FIELD in rc.RUNTIME_FIELDS and "updater_apply_s" in rc.RUNTIME_FIELDS
-    assert "updater_shared_wait" not in r.fitted  # no run has the updater on a learner's device
-    for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in rc.SHARED_ONLY_FIELDS) + ("learner_cv", "updater_cv"):
+    shared = rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS
+    assert not set(shared) & set(r.fitted)  # no run has the updater on a learner's device
+    for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in shared) + ("learner_cv", "updater_cv"):
         assert r.fitted[f] == pytest.approx(_figure(TRUE, f), rel=1e-3), f
         assert _figure((r.machine, r.host), f) == pytest.approx(r.fitted[f], rel=1e-6)
     assert np.max(np.abs(r.compute_errors)) < 1e-4 and np.max(np.abs(r.update_errors)) < 1e-4
@@ -76,7 +77,8 @@ def test_fit_all_stages_and_a_subset_keeps_the_rest():
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
     assert float(HOST.learner_step_cores) != pytest.approx(1.6, rel=0.05)
     r = rc.fit_all(mc.get("cpu_runtime"), HOST, NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
-    assert set(rc.COMPUTE_FIELDS[:len(steps)] + rc.RUNTIME_FIELDS) - set(rc.SHARED_ONLY_FIELDS) <= set(r.fitted)
+    shared = set(rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS)
+    assert set(rc.COMPUTE_FIELDS[:len(steps)] + rc.RUNTIME_FIELDS) - shared <= set(r.fitted)
     assert r.stages["step_cores"] == 1.3
     assert r.fitted[rc.STEP_CORES_FIELD] == pytest.approx(1.6, rel=0.02)
     assert float(r.host.learner_step_cores) == pytest.approx(r.fitted[rc.STEP_CORES_FIELD], rel=1e-6)

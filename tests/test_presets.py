@@ -200,9 +200,9 @@ def test_a_host_section_of_a_compatible_form_loads_with_the_newer_terms_off(tmp_
     with open(os.path.join(ROOT, "jaxsprint", "perf", "data", "cpu_runtime.json")) as f:
         data = json.load(f)
     data["host"]["format"] = compatible
-    del data["host"]["figures"]["updater_wake_share"]
+    del data["host"]["figures"]["learner_shared_wait"]
     path = tmp_path / "compatible.json"
     path.write_text(json.dumps(data))
     h = host.load_host(mc.get("cpu_runtime"), path=str(path))
-    assert float(h.updater_wake_share) == 0.0 and "absent" in dict(h.sources)["updater_wake_share"]
+    assert float(h.learner_shared_wait) == 0.0 and "absent" in dict(h.sources)["learner_shared_wait"]
     assert float(h.updater_apply_core_wait_s) == pytest.approx(data["host"]["figures"]["updater_apply_core_wait_s"])

@@ -358,3 +358,34 @@ def test_a_share_of_the_core_wait_is_paid_on_waking_from_every_sleep():
             assert float(mean) == pytest.approx(float(woke.t_update_s), rel=1e-4), (hosts, per_host, net_s)
             if want:
                 assert want > 1e-4  # the case sees the term
+
+
+def test_the_learner_on_the_updaters_device_waits_behind_its_programs():
+    """``learner_shared_wait`` (nu): with the updater on the first learner's device, that learner waits ``nu`` of
+    every update program's own time, so the host's mean learner cycle is ``N_h / (N_h - u)`` of the cycle without
+    it, ``u = nu a t_apply / T_u`` on one host (``t_apply`` the applying cycle less the empty one where nothing
+    else differs); on its own device nothing changes; across hosts the all-reduces add to ``u``."""
+    net = zoo.get("resnet8")
+    rt = mc.get("cpu_runtime")
+    nu = 0.8
+    base = hf.with_figures(_host(), learner_shared_wait=0.0, updater_apply_core_wait_s=0.0, updater_wake_share=0.0,
+                           updater_shared_wait=0.0, updater_queue=0.0)
+    m = hf.with_figures(base, learner_shared_wait=nu)
+    for per_host in (1, 2, 4):
+        for net_s in (0.0, 0.005):
+            kw = dict(learners_per_host=per_host, sub_batch=16, network_time_s=net_s)
+            own, own_base = hf.runtime_times(net, rt, m, **kw), hf.runtime_times(net, rt, base, **kw)
+            assert float(own.t_compute_s) == pytest.approx(float(own_base.t_compute_s), rel=1e-6)
+            r = hf.runtime_times(net, rt, m, shared=1.0, **kw)
+            t_u = float(r.t_update_s)
+            a = _share(per_host, r)
+            u = nu * a * (float(r.t_update_applying_s) - float(r.t_update_empty_s)) / t_u
+            beta = (t_u - net_s) / t_u
+            raw = hf.runtime_compute_time_s(net, rt, m, 16, per_host, updater_demand=beta * float(m.updater_cores),
+                                            updater_busy=beta)
+            assert float(r.t_compute_s) == pytest.approx(float(raw) * per_host / (per_host - u), rel=1e-3), (
+                per_host, net_s)
+            assert u > 0.01  # the case sees the term
+    one, two = (hf.runtime_times(net, rt, h, learners_per_host=1, hosts=2, sub_batch=16, shared=1.0)
+                for h in (base, m))
+    assert float(two.t_compute_s) > 1.01 * float(one.t_compute_s)

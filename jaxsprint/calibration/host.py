@@ -18,7 +18,10 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
                 + (1 - f [t_{net} > 0])\,\omega\,(N - C + 1)^+ (1 - a\,[t_{net} = 0]) [one\ host], \\
     T_{empty} \mathrel{+}= f\,\omega\,(N - C + 1)^+ [t_{net} > 0] [one\ host], \quad
     t_{prog} = t_{queue} + w\,T_c(b)\,d, \quad t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad
-    d = [shared]\,[N_h > 1]
+    d = [shared]\,[N_h > 1], \\
+    T_c \leftarrow T_c\,\frac{N_h}{N_h - u}, \quad
+    u = \min\Big(0.9,\ \nu\,[shared]\,\frac{a\,(t_{apply} + (N_h + passes)\,4P/\beta_{host})
+        + [nodes > 1]\,\mathrm{allreduce}(4P, nodes)}{T_u}\Big)
 
 ``T_c(b)`` the device step of :func:`jaxsprint.perf.times.compute_time_s`, ``g = g_0 + g_s b`` a learner's
 host work under the lock (``learner_overhead_s`` per cycle, ``learner_input_per_sample_s`` per sample drawn),
@@ -36,13 +39,15 @@ applying cycle's wait for a core among the learner threads of its host (co-locat
 paid by an apply that follows an empty cycle or the network's sleep (a share ``1 - a`` of them without network
 time): right after an apply the updater's device is still at work; ``f`` = ``updater_wake_share`` of it is
 paid instead by every cycle that slept (the updater waking among the learner threads).
-Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host
-work (``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a
-busy updater. Shared device (``d``): with the updater on the first learner's device, an update program waits
-``w`` = ``updater_shared_wait`` device steps behind that learner's, an all-reduce between hosts ``w_R`` =
-``updater_shared_allreduce_wait`` (it waits for every host's device); a host's only learner is between steps
-when its gradient arrives, so ``d = 0`` there. With the neutral figures (:func:`neutral`) the form is
-the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
+Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cycle behind the learners' host work
+(``rho`` their share of the lock, an M/M/1 wait) and a learner ``w_L`` = ``learner_lock_wait_s`` behind a busy
+updater. Shared device (``d``): with the updater on the first learner's device, an update program waits ``w`` =
+``updater_shared_wait`` device steps behind that learner's, an all-reduce between hosts ``w_R`` =
+``updater_shared_allreduce_wait`` (it waits for every host's device); a host's only learner is between steps when
+its gradient arrives, so ``d = 0`` there. The other way round, that learner waits ``nu`` = ``learner_shared_wait``
+of every update program's own time on its device (``u``: the share of the device they take), so the mean cycle of
+a host's ``N_h`` learners is ``N_h / (N_h - u)`` of the others'. With the neutral figures (:func:`neutral`) the
+form is the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
 machine's preset file (:func:`load_host`).
 """
 from __future__ import annotations
@@ -71,9 +76,9 @@ RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles'
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-6"  # 6: a share of omega paid on waking from every sleep
+HOST_FORMAT = "jaxsprint-host-7"  # 7: the learner on the updater's device waits behind its programs
 # Formats read as this one with the figures they lack neutral (ADDED_LATER): the same form with those terms off.
-COMPATIBLE_FORMATS = ("jaxsprint-host-5",)
+COMPATIBLE_FORMATS = ("jaxsprint-host-5", "jaxsprint-host-6")
 OLD_FORMATS = {"jaxsprint-host-3": "shared-device waits in learner cycles",
                "jaxsprint-host-4": "the core wait paid by every applying cycle"}
 # An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
@@ -107,6 +112,8 @@ class HostFigures:
         where the cycle before it was empty or slept.
       updater_wake_share: ``f``, the share of that wait paid instead by every cycle that slept (network time),
         on waking: 0 to 1.
+      learner_shared_wait: ``nu``, the share of each update program's own time (applying an update, an all-reduce)
+        that the learner on the updater's device (``updater_device=shared``) waits behind it.
       learner_lock_wait_s: ``w_L``, a learner's wait per cycle behind an updater that never sleeps.
       learner_updater_stretch: ``kappa``, a lone learner's step stretched by ``kappa`` per busy updater of the
         machine (an updater that never sleeps takes cycles from the step's threads).
@@ -132,6 +139,7 @@ class HostFigures:
     updater_sync_per_learner_s: jax.Array
     updater_apply_core_wait_s: jax.Array
     updater_wake_share: jax.Array
+    learner_shared_wait: jax.Array
     learner_lock_wait_s: jax.Array
     learner_updater_stretch: jax.Array
     learner_cv: jax.Array
@@ -143,7 +151,7 @@ class HostFigures:
 FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
 _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
 # Figures added after host format 3 was first written: a section without them loads them neutral (term off).
-ADDED_LATER = ("updater_apply_core_wait_s", "updater_wake_share")
+ADDED_LATER = ("updater_apply_core_wait_s", "updater_wake_share", "learner_shared_wait")
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
@@ -161,6 +169,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
     updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
     updater_wake_share=(0.0, "neutral: 0 (the core wait is paid by the applying cycles only)"),
+    learner_shared_wait=(0.0, "neutral: 0 (a learner never waits behind the updater's programs on its device)"),
     learner_lock_wait_s=(0.0, "neutral: 0 (a learner never waits for the updater's interpreter lock)"),
     learner_updater_stretch=(0.0, "neutral: 0 (a busy updater does not slow a learner's step)"),
     learner_cv=(0.05, "neutral: 0.05 (assumed compute jitter)"),
@@ -432,6 +441,9 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     device = step * jnp.asarray(shared, jnp.float32) * jnp.where(per_host > 1.0, 1.0, 0.0)
     apply_wait = t_queue + host.updater_shared_wait * device
     allreduce_wait = t_queue + host.updater_shared_allreduce_wait * device
+    # The update programs' own time on a shared device, which its learner waits behind (the share nu of it).
+    t_collective = t_wait - jnp.asarray(network_time_s, jnp.float32)
+    behind = host.learner_shared_wait * jnp.asarray(shared, jnp.float32)
 
     g = learner_host_s(host, sub_batch)
 
@@ -446,6 +458,8 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
         beta = t_own / t_u
         t_c = _learner_cycle(host, step, sub_batch, sharing, per_host, None, updaters * beta * host.updater_cores,
                              beta, updaters * beta)
+        u = jnp.minimum(0.9, behind * (t_apply * nonempty + t_collective * programs) / t_u)
+        t_c = t_c * per_host / (per_host - u)
         return t_own, t_u, t_c, t_empty + t_wait, t_empty + applying + t_wait
 
     def state(nonempty, t_c_before):  # float32 throughout: the loop's carry keeps one type
