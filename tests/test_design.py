@@ -46,9 +46,17 @@ def test_the_design_determines_more_than_one_host_runs():
     col = fields.index("updater_shared_wait")
     assert np.all(jac[[i for i, e in enumerate(pool) if e.updater_device == "own"], col] == 0)
     assert np.any(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "shared"], col] > 0.01)
-    chosen = design.select(jac, [20.0] * len(pool), 370.0, groups=design.strata(pool), blocks=4)
+    sleep = fields.index("updater_shared_sleep_wait")  # after the network's sleep only, any learners
+    assert np.all(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "own" or e.network_ms == 0],
+                      sleep] == 0)
+    assert np.any(jac[[len(pool) + i for i, e in enumerate(pool) if e.updater_device == "shared"
+                       and e.learners_per_host == 1 and e.network_ms > 0], sleep] > 0.01)
+    chosen = design.select(jac, [20.0] * len(pool), 390.0, groups=design.strata(pool), blocks=4)
     regimes = set(design.strata(pool))
-    assert len(regimes) == 18 and len(chosen) == 18 and {design.strata(pool)[i] for i in chosen} == regimes
+    assert len(regimes) == 19 and len(chosen) == 19 and {design.strata(pool)[i] for i in chosen} == regimes
+    lone = [(e.updater_device, e.sub_batch >= 64) for e in (pool[i] for i in chosen)
+            if e.hosts == 1 and e.learners_per_host == 1 and e.network_ms == 0]
+    assert sorted(p for p, large in lone if not large) == ["own", "shared"] and sum(large for _, large in lone) == 1
     assert {e.updater_device for e in (pool[i] for i in chosen) if e.hosts == 1 and e.network_ms == 0
             and e.learners_per_host == 8} == {"own", "shared"}  # one host's most learners, both placements
     assert {(e.hosts, e.updater_device) for e in pool if e.network_ms == 0 and e.learners_per_host > 1} == {
@@ -62,7 +70,7 @@ def test_the_design_determines_more_than_one_host_runs():
     assert np.sum(rse < 1.0) > np.sum(rse_old < 1.0)
     stretch = fields.index("updater_hosts_stretch")  # one host only: the old runs cannot see it
     assert rse[stretch] < 1.0 and np.isinf(rse_old[stretch])
-    for f in ("updater_shared_wait", "learner_step_cores"):
+    for f in ("updater_shared_wait", "updater_shared_sleep_wait", "learner_step_cores"):
         assert rse[fields.index(f)] < 1.0, f
 
 
@@ -123,3 +131,18 @@ def test_a_design_chosen_again_among_the_runs_left_keeps_the_one_that_pins_a_fig
     assert design.select(jac, [1.0] * 4, 2.0, required=[0], candidates=[1, 2]) == [0, 1]
     groups = ["a", "a", "b", "a"]  # regime b (entry 2) costs more than what is left
     assert design.select(jac, [1.0, 1.0, 5.0, 1.0], 2.0, required=[0], candidates=[1, 2, 3], groups=groups) == [0, 3]
+
+
+def test_the_first_regimes_leave_the_budget_what_covering_the_others_costs():
+    """Regime A's informative run (30 s) would leave too little for B's and C's only runs (10 s each) within
+    40 s: the design takes A's cheaper run and covers every regime; with room for all, A's informative run."""
+    jac = np.zeros((2 * 4, 3))
+    jac[0] = [3.0, 0.0, 0.0]  # entry 0 (A, 30 s): much information
+    jac[1] = [0.01, 0.0, 0.0]  # entry 1 (A, 10 s): little
+    jac[2] = [0.0, 1.0, 0.0]  # entry 2 (B)
+    jac[3] = [0.0, 0.0, 1.0]  # entry 3 (C)
+    cost, groups = [30.0, 10.0, 10.0, 10.0], ["A", "A", "B", "C"]
+    tight = design.select(jac, cost, 40.0, groups=groups)
+    assert sorted(tight) == [1, 2, 3]
+    roomy = design.select(jac, cost, 50.0, groups=groups)
+    assert 0 in roomy and {groups[i] for i in roomy} == {"A", "B", "C"}

@@ -52,7 +52,7 @@ def _true_runs():
 def test_fit_runtime_recovers_the_figures_that_made_the_runs():
     r = rc.fit_runtime(*START, NET, list(_true_runs()))
     assert rc.STEP_CORES_FIELD in rc.RUNTIME_FIELDS and "updater_apply_s" in rc.RUNTIME_FIELDS
-    shared = rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS
+    shared = rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS + rc.SHARED_SLEEP_FIELDS
     assert not set(shared) & set(r.fitted)  # no run has the updater on a learner's device
     for f in tuple(f for f in rc.RUNTIME_FIELDS if f not in shared) + ("learner_cv", "updater_cv"):
         assert r.fitted[f] == pytest.approx(_figure(TRUE, f), rel=1e-3), f
@@ -77,7 +77,7 @@ def test_fit_all_stages_and_a_subset_keeps_the_rest():
     # The measured lone step's cores (1.3 here, TRUE's busy-core figure is 1.6) start stage 3, which fits them.
     assert float(HOST.learner_step_cores) != pytest.approx(1.6, rel=0.05)
     r = rc.fit_all(mc.get("cpu_runtime"), HOST, NET, steps=steps, runs=list(_true_runs()), step_cores=1.3)
-    shared = set(rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS)
+    shared = set(rc.SHARED_ONLY_FIELDS + rc.SHARED_DEVICE_FIELDS + rc.SHARED_SLEEP_FIELDS)
     assert set(rc.COMPUTE_FIELDS[:len(steps)] + rc.RUNTIME_FIELDS) - shared <= set(r.fitted)
     assert r.stages["step_cores"] == 1.3
     assert r.fitted[rc.STEP_CORES_FIELD] == pytest.approx(1.6, rel=0.02)
@@ -136,21 +136,27 @@ def test_a_stored_step_stands_for_the_mean_of_its_samples():
 def test_the_shared_device_waits_are_fitted_from_runs_of_both_placements():
     """The update's and the all-reduce's waits behind the first learner's step are seen only by runs with
     ``updater_device=shared`` and two or more learners per host (a host's only learner has just finished the
-    gradient the update applies): fitted from a mix of both placements they come back; without such a run they
+    gradient the update applies), and after the network's sleep on one host, by one-host shared runs with
+    network time (any learners): fitted from a mix of both placements they come back; without such a run they
     are not fitted at all."""
-    true = (TRUE[0], hf.with_figures(TRUE[1], updater_shared_wait=0.4, updater_shared_allreduce_wait=1.2))
+    true = (TRUE[0], hf.with_figures(TRUE[1], updater_shared_wait=0.4, updater_shared_allreduce_wait=1.2,
+                                     updater_shared_sleep_wait=0.7))
     configs = CONFIGS[:8] + CONFIGS[-5:]
     runs = [rc.RuntimeRun(*c, 1.0, 1.0, updater_device=d) for c in configs for d in ("own", "shared")]
     t = rc.predict_runs(*true, NET, runs)
     for i, c in enumerate(configs):
         own, shared = float(t.t_update_s[2 * i]), float(t.t_update_s[2 * i + 1])
-        assert shared > own if c[0] > 1 else shared == pytest.approx(own), c
+        waits = c[0] > 1 or (c[1] == 1 and c[3] > 0)  # 2+ learners, or one host's updater after its sleep
+        assert shared > own if waits else shared == pytest.approx(own), c
     runs = [rc.RuntimeRun(**{**r.__dict__, "t_compute_s": float(tc), "t_update_s": float(tu)})
             for r, tc, tu in zip(runs, t.t_compute_s, t.t_update_s)]
-    fields = ["updater_shared_wait", "updater_shared_allreduce_wait"]
+    fields = ["updater_shared_wait", "updater_shared_allreduce_wait", "updater_shared_sleep_wait"]
     r = rc.fit_runtime(*TRUE, NET, runs, fields=fields, fit_cvs=False)  # TRUE's other figures
     assert r.fitted["updater_shared_wait"] == pytest.approx(0.4, rel=1e-3)
     assert r.fitted["updater_shared_allreduce_wait"] == pytest.approx(1.2, rel=1e-3)
+    assert r.fitted["updater_shared_sleep_wait"] == pytest.approx(0.7, rel=1e-3)
+    assert "updater_shared_sleep_wait" not in rc.fit_runtime(
+        *TRUE, NET, [x for x in runs if x.network_time_s == 0 or x.hosts > 1], fit_cvs=False).fitted
     assert rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0)
                                      ).updater_device == "own"  # a record of before the field: an own-device grid
     # The mean learner cycle from the completions (N b / images_per_s), where a record has them: older records'
@@ -161,9 +167,9 @@ def test_the_shared_device_waits_are_fitted_from_runs_of_both_placements():
     with raises_invalid("updater_device", "gpu", "shared or own"):
         rc.RuntimeRun.from_record(dict(learners_per_host=1, sub_batch=8, t_compute_s=1.0, t_update_s=1.0,
                                        updater_device="gpu"))
-    for unseen in ([r for r in runs if r.updater_device == "own"],
-                   [r for r in runs if r.learners_per_host == 1]):  # no run where a shared device waits
-        assert not set(fields) & set(rc._constrained(rc.RUNTIME_FIELDS, unseen))
+    for unseen, hidden in (([r for r in runs if r.updater_device == "own"], fields),  # no shared device
+                           ([r for r in runs if r.learners_per_host == 1], fields[:2])):  # no 2+ learners on one
+        assert not set(hidden) & set(rc._constrained(rc.RUNTIME_FIELDS, unseen))
 
 
 def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():

@@ -206,3 +206,18 @@ def test_a_host_section_of_a_compatible_form_loads_with_the_newer_terms_off(tmp_
     h = host.load_host(mc.get("cpu_runtime"), path=str(path))
     assert float(h.learner_shared_wait) == 0.0 and "absent" in dict(h.sources)["learner_shared_wait"]
     assert float(h.updater_apply_core_wait_s) == pytest.approx(data["host"]["figures"]["updater_apply_core_wait_s"])
+
+
+def test_a_section_without_the_wait_after_a_sleep_keeps_the_wait_it_applied_there(tmp_path):
+    """Form 7 applied ``updater_shared_wait`` after the network's sleep too: a section without
+    ``updater_shared_sleep_wait`` takes that value (its predictions unchanged where a host has 2+ learners)."""
+    with open(os.path.join(ROOT, "jaxsprint", "perf", "data", "cpu_runtime.json")) as f:
+        data = json.load(f)
+    data["host"]["format"] = "jaxsprint-host-7"
+    data["host"]["figures"]["updater_shared_wait"] = 0.123
+    del data["host"]["figures"]["updater_shared_sleep_wait"]
+    path = tmp_path / "form7.json"
+    path.write_text(json.dumps(data))
+    h = host.load_host(mc.get("cpu_runtime"), path=str(path))
+    assert float(h.updater_shared_sleep_wait) == pytest.approx(0.123)
+    assert "updater_shared_wait" in dict(h.sources)["updater_shared_sleep_wait"]

@@ -266,30 +266,42 @@ def test_smooth_max_has_a_finite_gradient_where_both_are_zero():
 def test_runtime_interpreter_lock_waits_by_their_formulas():
     """The updater waits n_L times a cycle behind the learners' host work (rho = N_h g / T_c, an M/M/1 wait
     g rho / (1 - rho)); a learner waits w_L per cycle behind a busy updater (w_L beta in its lone cycle); the
-    shared device adds w device steps T_c(b) per update program (hand-computed at runtime_times' fixed point)."""
+    shared device adds w device steps T_c(b) per update program, w_S after the network's sleep (hand-computed at
+    runtime_times' fixed point)."""
     net = zoo.get("resnet8")
     rt = mc.get("cpu_runtime")
-    g, n_l, w_l, w = 1e-3, 2.0, 3e-3, 0.25
+    g, n_l, w_l, w, w_s = 1e-3, 2.0, 3e-3, 0.25, 0.6
     base = hf.with_figures(_host(), learner_overhead_s=g, learner_input_per_sample_s=0.0, updater_lock_waits=0.0,
-                           learner_lock_wait_s=0.0,
-                           updater_shared_wait=0.0, updater_hosts_stretch=0.0, learner_updater_stretch=0.0)
-    m = hf.with_figures(base, updater_lock_waits=n_l, learner_lock_wait_s=w_l, updater_shared_wait=w)
-    kw = dict(learners_per_host=6, hosts=1, sub_batch=8, network_time_s=0.004)
-    for shared in (0.0, 1.0):
-        r = hf.runtime_times(net, rt, m, shared=shared, **kw)
-        t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
-        share = _share(6, r)
-        rho = min(0.95, 6 * g / t_c)
-        u0 = float(hf.runtime_update_time_s(net, rt, base, 1, 6, 0.004, sub_batch=8.0, nonempty=share))
-        step = float(times.compute_time_s(net, rt, 8.0, 6.0))
-        assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * w * step * share, rel=2e-3)
-        beta = (t_u - 0.004) / t_u
-        p = 1 + (float(hf.step_cores(m, 8.0)) - 1) * (1 - float(m.cores_per_node) / 6)
-        want = _smax(step + g + w_l * beta, 6 * g / (1 - beta / 2),
-                     6 * (p * step + g) / (float(m.cores_per_node) - beta * float(m.updater_cores)))
-        assert t_c == pytest.approx(want, rel=2e-3)
-    assert float(hf.runtime_times(net, rt, m, shared=1.0, **kw).t_update_s) > float(
-        hf.runtime_times(net, rt, m, **kw).t_update_s)
+                           learner_lock_wait_s=0.0, updater_shared_wait=0.0, updater_shared_sleep_wait=0.0,
+                           updater_hosts_stretch=0.0, learner_updater_stretch=0.0)
+    m = hf.with_figures(base, updater_lock_waits=n_l, learner_lock_wait_s=w_l, updater_shared_wait=w,
+                        updater_shared_sleep_wait=w_s)
+    for net_s, wait in ((0.004, w_s), (0.0, w)):
+        kw = dict(learners_per_host=6, hosts=1, sub_batch=8, network_time_s=net_s)
+        for shared in (0.0, 1.0):
+            r = hf.runtime_times(net, rt, m, shared=shared, **kw)
+            t_c, t_u = float(r.t_compute_s), float(r.t_update_s)
+            share = _share(6, r)
+            rho = min(0.95, 6 * g / t_c)
+            u0 = float(hf.runtime_update_time_s(net, rt, base, 1, 6, net_s, sub_batch=8.0, nonempty=share))
+            step = float(times.compute_time_s(net, rt, 8.0, 6.0))
+            assert t_u == pytest.approx(u0 + n_l * g * rho / (1 - rho) + shared * wait * step * share, rel=2e-3)
+            beta = (t_u - net_s) / t_u
+            p = 1 + (float(hf.step_cores(m, 8.0)) - 1) * (1 - float(m.cores_per_node) / 6)
+            want = _smax(step + g + w_l * beta, 6 * g / (1 - beta / 2),
+                         6 * (p * step + g) / (float(m.cores_per_node) - beta * float(m.updater_cores)))
+            assert t_c == pytest.approx(want, rel=2e-3)
+        assert float(hf.runtime_times(net, rt, m, shared=1.0, **kw).t_update_s) > float(
+            hf.runtime_times(net, rt, m, **kw).t_update_s)
+    # A host's only learner: no wait while the updater cycles back to back (d = 0), w_S after a sleep.
+    one = dict(learners_per_host=1, hosts=1, sub_batch=64)
+    quiet = hf.with_figures(m, learner_lock_wait_s=0.0, updater_lock_waits=0.0, learner_shared_wait=0.0)
+    for net_s, wait in ((0.0, 0.0), (0.03, w_s)):
+        r = hf.runtime_times(net, rt, quiet, shared=1.0, network_time_s=net_s, **one)
+        r0 = hf.runtime_times(net, rt, quiet, shared=0.0, network_time_s=net_s, **one)
+        step = float(times.compute_time_s(net, rt, 64.0, 1.0))
+        gained = float(r.t_update_s) - float(r0.t_update_s)
+        assert gained == pytest.approx(wait * step * _share(1, r), rel=2e-2, abs=1e-7)
 
 
 def test_an_updater_cycle_with_every_cost_at_zero_stays_finite():

@@ -86,22 +86,31 @@ def predicted_rel_std_error(jac: np.ndarray, chosen: Sequence[int], sigma: float
     return np.where(seen & (sd < 20.0), np.expm1(np.minimum(sd, 20.0)), np.inf)
 
 
-def strata(entries: Sequence[Entry], long_network_ms: int = 50) -> list[tuple]:
+def strata(entries: Sequence[Entry], long_network_ms: int = 50, large_sub_batch: int = 64) -> list[tuple]:
     """Each entry's regime: ``(hosts, updater placement, network)`` with network ``none`` (the updater cycles
     back to back), ``short`` (below ``long_network_ms``) or ``long`` (the updater mostly sleeps, the learners'
     cycle is their own); without network time, also how many learners a host has: one, several, or (on one
     host) the most of the entries (an updater that never sleeps beside many learners is where the form strays
-    most when no run shows it: its applying cycle waits for cores, its empty ones for the interpreter lock).
+    most when no run shows it: its applying cycle waits for cores, its empty ones for the interpreter lock),
+    and a one-host lone learner's sub-batch, below or from ``large_sub_batch`` (the updater that never sleeps
+    stretches its step by a share, ``learner_updater_stretch``, and holds its lock for a fixed wait,
+    ``learner_lock_wait_s``: only steps far apart tell the two apart; one run of either placement, as both
+    figures hold for both).
     :func:`select` takes one run of every regime first, so that the design covers the space the form is judged
     on even where the form's own sensitivities would not ask for it (a design is only as good as the form it is
     computed from)."""
     most = max((e.learners_per_host for e in entries), default=1)
 
     def crowd(e):
-        return 0 if e.learners_per_host == 1 else 2 if e.hosts == 1 and e.learners_per_host == most > 2 else 1
+        if e.learners_per_host == 1:
+            return 3 if e.hosts == 1 and e.sub_batch >= large_sub_batch else 0
+        return 2 if e.hosts == 1 and e.learners_per_host == most > 2 else 1
+
+    def where(e):
+        return "either" if crowd(e) == 3 else e.updater_device
 
     return [(e.hosts, e.updater_device, "short" if e.network_ms < long_network_ms else "long") if e.network_ms
-            else (e.hosts, e.updater_device, "none", crowd(e)) for e in entries]
+            else (e.hosts, where(e), "none", crowd(e)) for e in entries]
 
 
 def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: float = 1e-4,
@@ -113,7 +122,9 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     Starting from ``required``, each step adds the affordable entry with the largest gain of
     ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
     or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
-    first steps take only entries of a group no chosen entry has, until every group has one. ``blocks``: rows
+    first steps take only entries of a group no chosen entry has, until every group has one: while some leave
+    what covering every other such group costs (its cheapest entry, one group at a time), only those; else only
+    each group's cheapest. ``blocks``: rows
     per entry in ``jac`` (2, or 4 with the split cycles). ``extra_s(i, chosen)``: what entry ``i`` costs beyond
     ``cost_s[i]`` after the ``chosen`` ones (e.g. starting processes that no chosen entry has started already).
     ``candidates``: the entries it may add (default all), e.g. what is left of a design once some runs are done.
@@ -148,8 +159,19 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         fits = {i: c for i in pool if i not in chosen and spent + (c := price(i, chosen)) <= budget_s}
         if missing and not any(groups[i] in missing for i in fits):
             missing = set()  # no regime left uncovered is affordable: the rest by their information alone
+        # A run that would leave less than covering the other uncovered regimes costs (their cheapest runs, one
+        # at a time) waits while some run of an uncovered regime leaves that much; where none does, only each
+        # regime's cheapest run is a candidate.
+        reserve = {g: _cover_s(missing - {g}, chosen, fits, groups, price) for g in missing}
+        room = {i for i in fits if missing and groups[i] in missing and spent + fits[i] + reserve[groups[i]]
+                <= budget_s}
+        cheapest = {}
         for i, c in fits.items():
-            if missing and groups[i] not in missing:
+            if missing and groups[i] in missing:
+                cheapest[groups[i]] = min((c, i), cheapest.get(groups[i], (math.inf, -1)))
+        room = room or {i for _, i in cheapest.values()}
+        for i, c in fits.items():
+            if missing and i not in room:
                 continue
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
@@ -164,6 +186,18 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         spent += best_cost
         if log:
             log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
+
+
+def _cover_s(regimes, chosen, pool, groups, price) -> float:
+    """What covering ``regimes`` costs after ``chosen``: each time the cheapest run of one still uncovered."""
+    sim, total, left = list(chosen), 0.0, set(regimes)
+    while left:
+        c, j = min(((price(j, sim), j) for j in pool if groups[j] in left), default=(math.inf, -1))
+        if j < 0:
+            return math.inf
+        total, left = total + c, left - {groups[j]}
+        sim.append(j)
+    return total
 
 
 def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> float:

@@ -17,8 +17,8 @@ live here (the machine keeps the model's: device step, bandwidths, ``updater_ove
     T_{apply} = T_{empty} + t_{prog} + (t_{apply} + (N_h + passes)\,4P/\beta_{host})(1 + s_H [nodes > 1])
                 + (1 - f [t_{net} > 0])\,\omega\,(N - C + 1)^+ (1 - a\,[t_{net} = 0]) [one\ host], \\
     T_{empty} \mathrel{+}= f\,\omega\,(N - C + 1)^+ [t_{net} > 0] [one\ host], \quad
-    t_{prog} = t_{queue} + w\,T_c(b)\,d, \quad t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad
-    d = [shared]\,[N_h > 1], \\
+    t_{prog} = t_{queue} + (w\,d\,(1 - s) + w_S\,[shared]\,s)\,T_c(b), \quad s = [t_{net} > 0][one\ host], \quad
+    t_{queue} = q\,u\,T_c(b)\,(1 + s_H [nodes > 1]), \quad d = [shared]\,[N_h > 1], \\
     T_c \leftarrow T_c\,\frac{N_h}{N_h - u}, \quad
     u = \min\Big(0.9,\ \nu\,[shared]\,\frac{a\,(t_{apply} + (N_h + passes)\,4P/\beta_{host})
         + [nodes > 1]\,\mathrm{allreduce}(4P, nodes)}{T_u}\Big)
@@ -44,9 +44,12 @@ Interpreter lock: the updater waits ``n_L`` = ``updater_lock_waits`` times a cyc
 updater. Shared device (``d``): with the updater on the first learner's device, an update program waits ``w`` =
 ``updater_shared_wait`` device steps behind that learner's, an all-reduce between hosts ``w_R`` =
 ``updater_shared_allreduce_wait`` (it waits for every host's device); a host's only learner is between steps when
-its gradient arrives, so ``d = 0`` there. The other way round, that learner waits ``nu`` = ``learner_shared_wait``
-of every update program's own time on its device (``u``: the share of the device they take), so the mean cycle of
-a host's ``N_h`` learners is ``N_h / (N_h - u)`` of the others'. With the neutral figures (:func:`neutral`) the
+its gradient arrives, so ``d = 0`` there; an updater of one host waking from the network's sleep finds the
+learner anywhere in its step (one learner too): its update waits ``w_S`` = ``updater_shared_sleep_wait`` steps
+instead (on several hosts the all-reduce comes between the sleep and the update, and waits ``w_R``).
+The other way round, that learner waits ``nu`` = ``learner_shared_wait`` of every update program's own time on its
+device (``u``: the share of the device they take), so the mean cycle of a host's ``N_h`` learners is
+``N_h / (N_h - u)`` of the others'. With the neutral figures (:func:`neutral`) the
 form is the SPRINT model's. The form and its figures: docs/calibration.md; they are the ``host`` section of a
 machine's preset file (:func:`load_host`).
 """
@@ -68,17 +71,18 @@ from jaxsprint.perf.networks import BYTES_PER_VALUE, NetworkCost
 from jaxsprint.perf.times import compute_time_s
 
 __all__ = ["ADDED_LATER", "COMPATIBLE_FORMATS", "FIELDS", "HOST_FORMAT", "MIN_CYCLE_S", "HostFigures", "NEUTRAL",
-           "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS", "RuntimeTimes", "applying_share", "host_json", "learner_host_s",
-           "load_host", "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s", "runtime_times",
-           "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
+           "RUNTIME_ITERATIONS", "RUNTIME_SHARPNESS", "RuntimeTimes", "SAME_AS", "applying_share", "host_json",
+           "learner_host_s", "load_host", "make_host", "neutral", "nonempty_probability", "runtime_compute_time_s",
+           "runtime_times", "runtime_update_time_s", "shipped", "step_cores", "with_figures"]
 
 RUNTIME_ITERATIONS = 20  # fixed-point steps of runtime_times (the empty cycles' share couples T_u and T_c)
 # Exponent of the smooth maximum of the learner cycle's three bounds: 4 puts N = C learners 19% above either
 # bound alone, as two learners on two cores measure (docs/sprint-runtime.md).
 RUNTIME_SHARPNESS = 4.0
-HOST_FORMAT = "jaxsprint-host-7"  # 7: the learner on the updater's device waits behind its programs
-# Formats read as this one with the figures they lack neutral (ADDED_LATER): the same form with those terms off.
-COMPATIBLE_FORMATS = ("jaxsprint-host-5", "jaxsprint-host-6")
+HOST_FORMAT = "jaxsprint-host-8"  # 8: an update program's wait on a shared device after the network's sleep
+# Formats read as this one with the figures they lack neutral (ADDED_LATER): the same form with those terms off;
+# their updater_shared_sleep_wait is their updater_shared_wait (SAME_AS), the wait they applied after a sleep.
+COMPATIBLE_FORMATS = ("jaxsprint-host-5", "jaxsprint-host-6", "jaxsprint-host-7")
 OLD_FORMATS = {"jaxsprint-host-3": "shared-device waits in learner cycles",
                "jaxsprint-host-4": "the core wait paid by every applying cycle"}
 # An updater cycle's own work takes at least this long (one turn of its loop), whatever figures are zero: an
@@ -104,6 +108,8 @@ class HostFigures:
       updater_apply_s: ``t_apply``, the cost of applying an update, skipped by a cycle with no gradient.
       updater_shared_wait: ``w``, the device steps an update program waits on a shared device (host of 2+ learners).
       updater_shared_allreduce_wait: ``w_R``, the same for each all-reduce between hosts.
+      updater_shared_sleep_wait: ``w_S``, the device steps an applying update program waits on a shared device
+        after the network's sleep on one host (any number of learners: it wakes anywhere in the learner's step).
       updater_lock_waits: ``n_L``, the updater's waits for the interpreter lock per cycle.
       updater_sync_per_learner_s: ``z``, the wait of each all-reduce between hosts that are processes of one
         machine, per learner thread on its cores (the other updater must get a core among them).
@@ -135,6 +141,7 @@ class HostFigures:
     updater_apply_s: jax.Array
     updater_shared_wait: jax.Array
     updater_shared_allreduce_wait: jax.Array
+    updater_shared_sleep_wait: jax.Array
     updater_lock_waits: jax.Array
     updater_sync_per_learner_s: jax.Array
     updater_apply_core_wait_s: jax.Array
@@ -151,7 +158,10 @@ class HostFigures:
 FIELDS = tuple(f for f in HostFigures.__dataclass_fields__ if f not in ("name", "sources"))
 _POSITIVE = ("cores_per_node", "learner_step_cores")  # the others may be 0 ("off")
 # Figures added after host format 3 was first written: a section without them loads them neutral (term off).
-ADDED_LATER = ("updater_apply_core_wait_s", "updater_wake_share", "learner_shared_wait")
+ADDED_LATER = ("updater_apply_core_wait_s", "updater_wake_share", "learner_shared_wait",
+               "updater_shared_sleep_wait")
+# An added figure that a section without it takes from another of its figures, not its neutral value.
+SAME_AS = {"updater_shared_sleep_wait": "updater_shared_wait"}
 # The neutral figures: the SPRINT model's separate accelerators (cores_per_node: the machine's gpus_per_node).
 NEUTRAL: dict[str, tuple[float, str]] = dict(
     learner_overhead_s=(0.0, "neutral: 0 (host cost of a learner cycle not modelled)"),
@@ -165,6 +175,7 @@ NEUTRAL: dict[str, tuple[float, str]] = dict(
     updater_apply_s=(0.0, "neutral: 0 (an empty updater cycle costs as much as one that applies an update)"),
     updater_shared_wait=(0.0, "neutral: 0 (an update program never waits behind a learner's on its device)"),
     updater_shared_allreduce_wait=(0.0, "neutral: 0 (an all-reduce never waits behind a learner's program)"),
+    updater_shared_sleep_wait=(0.0, "neutral: 0 (an update program never waits behind a learner's after a sleep)"),
     updater_lock_waits=(0.0, "neutral: 0 (the updater never waits for an interpreter lock)"),
     updater_sync_per_learner_s=(0.0, "neutral: 0 (an all-reduce between hosts never waits for a core)"),
     updater_apply_core_wait_s=(0.0, "neutral: 0 (an applying cycle never waits for a core)"),
@@ -184,15 +195,21 @@ def _check_field(field: str) -> None:
 
 def make_host(name: str, sources: dict[str, str], **figures: float) -> HostFigures:
     """A :class:`HostFigures` from every figure (finite, >= 0; > 0 for ``cores_per_node`` and ``learner_step_cores``;
-    one of :data:`ADDED_LATER` may be absent: its neutral value).
+    one of :data:`ADDED_LATER` may be absent: its neutral value, or that of its :data:`SAME_AS` figure).
 
     Raises:
       ConfigError: a missing, unknown or invalid figure.
     """
     for f in ADDED_LATER:  # absent from what was written before the figure existed: its neutral value
         if figures.get(f) is None:
-            figures[f] = NEUTRAL[f][0]
-            sources = {**sources, f: NEUTRAL[f][1] + "; absent from the figures given"}
+            like = SAME_AS.get(f)
+            if like is not None and figures.get(like) is not None:
+                figures[f] = figures[like]
+                sources = {**sources, f: f"{like}'s value: absent from the figures given, written by a form that "
+                                         f"applied {like} there"}
+            else:
+                figures[f] = NEUTRAL[f][0]
+                sources = {**sources, f: NEUTRAL[f][1] + "; absent from the figures given"}
     missing = [f for f in FIELDS if figures.get(f) is None]
     if missing:
         raise ConfigError(f"host {name!r} figures", tuple(missing), "present: every figure of HostFigures")
@@ -438,8 +455,13 @@ def runtime_times(network: NetworkCost, machine: Machine, host: HostFigures, *, 
     programs = jnp.where(h > 1, 1.0, 0.0)  # the all-reduce of every cycle, on the updater's device
     # On a shared device, behind the learner's program (none where it is the host's only learner: it has just
     # finished the gradient that starts the update); in device steps, whatever the learner's wait for cores.
-    device = step * jnp.asarray(shared, jnp.float32) * jnp.where(per_host > 1.0, 1.0, 0.0)
-    apply_wait = t_queue + host.updater_shared_wait * device
+    # On one host the apply follows the network's sleep, woken anywhere in the learner's step, one learner too
+    # (w_S); on several the all-reduce comes between them (and waits w_R).
+    on_shared = step * jnp.asarray(shared, jnp.float32)
+    device = on_shared * jnp.where(per_host > 1.0, 1.0, 0.0)
+    slept = (jnp.asarray(network_time_s, jnp.float32) > 0) & (h <= 1)
+    apply_wait = t_queue + jnp.where(slept, host.updater_shared_sleep_wait * on_shared,
+                                     host.updater_shared_wait * device)
     allreduce_wait = t_queue + host.updater_shared_allreduce_wait * device
     # The update programs' own time on a shared device, which its learner waits behind (the share nu of it).
     t_collective = t_wait - jnp.asarray(network_time_s, jnp.float32)

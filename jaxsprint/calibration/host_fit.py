@@ -43,7 +43,7 @@ from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
            "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_DEVICE_FIELDS",
-           "SHARED_ONLY_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
+           "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
            "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "predict_runs",
            "sensitivities", "with_figures"]
 
@@ -53,8 +53,8 @@ COMPUTE_FIELDS = ("efficiency_fwd", "half_efficiency_batch", "memory_bandwidth_b
 NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s",
-                  "updater_shared_wait", "updater_shared_allreduce_wait", "updater_lock_waits",
-                  "updater_sync_per_learner_s", "updater_apply_core_wait_s", "updater_wake_share",
+                  "updater_shared_wait", "updater_shared_allreduce_wait", "updater_shared_sleep_wait",
+                  "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s", "updater_wake_share",
                   "learner_shared_wait", "learner_lock_wait_s", "learner_updater_stretch",
                   "learner_step_cores", "learner_step_cores_half_batch",
                   "host_memory_bandwidth_bytes_per_s")
@@ -69,6 +69,7 @@ RUNTIME_BOUNDS = {"learner_overhead_s": (1e-6, 1.0), "learner_step_cores": (1.0,
                   "updater_per_learner_s": (1e-6, 0.1), "updater_cores": (1e-3, 1.0),
                   "updater_hosts_stretch": (1e-3, 20.0), "updater_queue": (1e-4, 10.0), "updater_apply_s": (1e-6, 0.1),
                   "updater_shared_wait": (1e-3, 4.0), "updater_shared_allreduce_wait": (1e-3, 10.0),
+                  "updater_shared_sleep_wait": (1e-3, 4.0),
                   "updater_lock_waits": (1e-3, 20.0), "learner_lock_wait_s": (1e-6, 0.05),
                   "learner_updater_stretch": (1e-3, 4.0),
                   "updater_sync_per_learner_s": (1e-6, 0.05), "updater_apply_core_wait_s": (1e-6, 0.05),
@@ -80,10 +81,12 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "updater_hosts_stretch": 1.0, "updater_queue": 0.3, "updater_apply_s": 1e-3, "updater_shared_wait": 0.3,
                  "updater_shared_allreduce_wait": 1.0, "updater_lock_waits": 3.0, "learner_lock_wait_s": 2e-3,
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
-                 "updater_wake_share": 0.5, "learner_shared_wait": 0.5, "host_memory_bandwidth_bytes_per_s": 2e9}
+                 "updater_wake_share": 0.5, "learner_shared_wait": 0.5, "updater_shared_sleep_wait": 0.3,
+                 "host_memory_bandwidth_bytes_per_s": 2e9}
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # >1 host
 SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 SHARED_DEVICE_FIELDS = ("learner_shared_wait",)  # a learner's device shared with the updater (any N_h)
+SHARED_SLEEP_FIELDS = ("updater_shared_sleep_wait",)  # one host's updater on a shared device that sleeps
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
 # and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
 UNDETERMINED_RSE = 1.0
@@ -405,12 +408,14 @@ def _fit_cvs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Se
 def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
     """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts and less
     :data:`SHARED_ONLY_FIELDS` when no run shares the device of one of 2+ learners, less
-    :data:`SHARED_DEVICE_FIELDS` when no run shares one at all (nothing would constrain them)."""
+    :data:`SHARED_DEVICE_FIELDS` when no run shares one at all, less :data:`SHARED_SLEEP_FIELDS` when no one-host
+    run that shares one has network time (nothing would constrain them)."""
     several = any(r.hosts > 1 for r in runs)
     shared = any(r.updater_device == "shared" and r.learners_per_host > 1 for r in runs)
     any_shared = any(r.updater_device == "shared" for r in runs)
+    slept = any(r.updater_device == "shared" and r.network_time_s > 0 and r.hosts == 1 for r in runs)
     return [f for f in fields if (several or f not in HOSTS_ONLY_FIELDS) and (shared or f not in SHARED_ONLY_FIELDS)
-            and (any_shared or f not in SHARED_DEVICE_FIELDS)]
+            and (any_shared or f not in SHARED_DEVICE_FIELDS) and (slept or f not in SHARED_SLEEP_FIELDS)]
 
 
 def cross_validate(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
