@@ -122,9 +122,8 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     Starting from ``required``, each step adds the affordable entry with the largest gain of
     ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
     or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
-    first steps take only entries of a group no chosen entry has, until every group has one: while some leave
-    what covering every other such group costs (its cheapest entry, one group at a time), only those; else only
-    each group's cheapest. ``blocks``: rows
+    first steps take only entries of a group no chosen entry has, until every group has one, and while some leave
+    the budget the shortest entry (``cost_s``) of every other such group, only those. ``blocks``: rows
     per entry in ``jac`` (2, or 4 with the split cycles). ``extra_s(i, chosen)``: what entry ``i`` costs beyond
     ``cost_s[i]`` after the ``chosen`` ones (e.g. starting processes that no chosen entry has started already).
     ``candidates``: the entries it may add (default all), e.g. what is left of a design once some runs are done.
@@ -159,19 +158,16 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         fits = {i: c for i in pool if i not in chosen and spent + (c := price(i, chosen)) <= budget_s}
         if missing and not any(groups[i] in missing for i in fits):
             missing = set()  # no regime left uncovered is affordable: the rest by their information alone
-        # A run that would leave less than covering the other uncovered regimes costs (their cheapest runs, one
-        # at a time) waits while some run of an uncovered regime leaves that much; where none does, only each
-        # regime's cheapest run is a candidate.
-        reserve = {g: _cover_s(missing - {g}, chosen, fits, groups, price) for g in missing}
-        room = {i for i in fits if missing and groups[i] in missing and spent + fits[i] + reserve[groups[i]]
-                <= budget_s}
-        cheapest = {}
-        for i, c in fits.items():
+        # A run that would leave less than the other uncovered regimes' shortest runs (``cost_s``, no start-up)
+        # waits while some run of an uncovered regime leaves that much; where none does, any such run.
+        least = {}
+        for i in fits:
             if missing and groups[i] in missing:
-                cheapest[groups[i]] = min((c, i), cheapest.get(groups[i], (math.inf, -1)))
-        room = room or {i for _, i in cheapest.values()}
+                least[groups[i]] = min(float(cost[i]), least.get(groups[i], math.inf))
+        room = {i for i in fits if missing and groups[i] in missing and spent + fits[i] + sum(
+            v for g, v in least.items() if g != groups[i]) <= budget_s}
         for i, c in fits.items():
-            if missing and i not in room:
+            if missing and (groups[i] not in missing or (room and i not in room)):
                 continue
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
@@ -186,18 +182,6 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         spent += best_cost
         if log:
             log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
-
-
-def _cover_s(regimes, chosen, pool, groups, price) -> float:
-    """What covering ``regimes`` costs after ``chosen``: each time the cheapest run of one still uncovered."""
-    sim, total, left = list(chosen), 0.0, set(regimes)
-    while left:
-        c, j = min(((price(j, sim), j) for j in pool if groups[j] in left), default=(math.inf, -1))
-        if j < 0:
-            return math.inf
-        total, left = total + c, left - {groups[j]}
-        sim.append(j)
-    return total
 
 
 def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> float:
