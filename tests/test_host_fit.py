@@ -170,6 +170,8 @@ def test_the_shared_device_waits_are_fitted_from_runs_of_both_placements():
     for unseen, hidden in (([r for r in runs if r.updater_device == "own"], fields),  # no shared device
                            ([r for r in runs if r.learners_per_host == 1], fields[:2])):  # no 2+ learners on one
         assert not set(hidden) & set(rc._constrained(rc.RUNTIME_FIELDS, unseen))
+    slept = [r for r in runs if r.hosts == 1 and r.network_time_s > 0]  # one host's update after its sleep: w_S
+    assert set(rc._constrained(rc.RUNTIME_FIELDS, slept)) & set(fields) == {"updater_shared_sleep_wait"}
 
 
 def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():

@@ -43,8 +43,8 @@ from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
            "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_DEVICE_FIELDS",
-           "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit", "RuntimeRun",
-           "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "predict_runs",
+           "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit",
+           "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "predict_runs",
            "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
@@ -54,7 +54,8 @@ NETWORK_FIELDS = ("network_latency_s", "network_bandwidth_bytes_per_s")
 RUNTIME_FIELDS = ("learner_overhead_s", "updater_overhead_s", "updater_per_learner_s", "updater_cores",
                   "updater_hosts_stretch", "updater_queue", "updater_apply_s",
                   "updater_shared_wait", "updater_shared_allreduce_wait", "updater_shared_sleep_wait",
-                  "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s", "updater_wake_share",
+                  "updater_lock_waits", "updater_sync_per_learner_s", "updater_apply_core_wait_s",
+                  "updater_wake_share",
                   "learner_shared_wait", "learner_lock_wait_s", "learner_updater_stretch",
                   "learner_step_cores", "learner_step_cores_half_batch",
                   "host_memory_bandwidth_bytes_per_s")
@@ -407,11 +408,14 @@ def _fit_cvs(machine: Machine, host: HostFigures, network: NetworkCost, runs: Se
 
 def _constrained(fields: Sequence[str], runs: Sequence[RuntimeRun]) -> list[str]:
     """``fields`` less :data:`HOSTS_ONLY_FIELDS` when no run has several hosts and less
-    :data:`SHARED_ONLY_FIELDS` when no run shares the device of one of 2+ learners, less
+    :data:`SHARED_ONLY_FIELDS` when no run shares the device of one of 2+ learners (other than one host's run
+    with network time, whose update waits ``w_S`` instead), less
     :data:`SHARED_DEVICE_FIELDS` when no run shares one at all, less :data:`SHARED_SLEEP_FIELDS` when no one-host
     run that shares one has network time (nothing would constrain them)."""
     several = any(r.hosts > 1 for r in runs)
-    shared = any(r.updater_device == "shared" and r.learners_per_host > 1 for r in runs)
+    # w and w_R: a shared device of 2+ learners, where the update does not follow one host's sleep (there: w_S)
+    shared = any(r.updater_device == "shared" and r.learners_per_host > 1
+                 and (r.hosts > 1 or r.network_time_s == 0) for r in runs)
     any_shared = any(r.updater_device == "shared" for r in runs)
     slept = any(r.updater_device == "shared" and r.network_time_s > 0 and r.hosts == 1 for r in runs)
     return [f for f in fields if (several or f not in HOSTS_ONLY_FIELDS) and (shared or f not in SHARED_ONLY_FIELDS)
