@@ -15,14 +15,12 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
   2. all-reduces over 2 local processes (gloo) of four sizes around the network's ``4P`` bytes;
   3. runtime runs: with ``runs=design`` (the default) the runs a greedy D-optimal design picks from the
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
-     sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first), the runs
-     of one process layout in a row in the same processes (``experiments.runtime_runs.run_series``: the
-     design prices a run by the start-up and compilation it adds; where the series take longer than planned,
-     runs left are dropped, the least information per second saved first, until the rest keep ``budget_s``:
-     ``design.trim``; and what is left of ``total_s``, the whole calibration's wall clock); ``runs=grid`` the
-     one-host runs of ``learners`` x
-     ``network_times`` at ``run_sub_batch`` in this process; ``runs_from`` a validate_runtime.py
-     ``results.json`` instead (stored, so that a later ``fit_only`` refits the same set).
+     sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first, shorter runs
+     where those would not fit), the runs of one process layout in a row in the same processes
+     (``experiments.runtime_runs.run_series``); where the series take longer than planned, runs left are
+     dropped (``design.trim``) to keep ``budget_s`` and ``total_s``, the whole calibration's wall clock;
+     ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
+     ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
 cvs), and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The
 measurements go to ``measurements`` (read back by ``fit_only``), the preset to ``--out``: every figure with
@@ -54,8 +52,6 @@ from jaxsprint.perf.presets import RUNTIME_CALIBRATION_FORMAT as FORMAT  # noqa:
 
 
 def _numbers(name, values, kind, lo):
-    import math
-
     from jaxsprint.errors import check, is_int
 
     out = []
@@ -159,6 +155,8 @@ def check_plan(config, sub_batches, learners, network_times):
               f"a number of seconds in [0, run_max_duration_s - warmup_s = {k.run_max_duration_s - k.warmup_s:g}]")
         check(k.run_timeout_s > k.run_max_duration_s + k.run_startup_s, "config.calibration.run_timeout_s",
               k.run_timeout_s, "longer than config.calibration.run_max_duration_s + run_startup_s")
+        check(is_real(k.run_scale_min) and 0.1 <= k.run_scale_min <= 1, "config.calibration.run_scale_min",
+              k.run_scale_min, "a share in [0.1, 1]")
         for name in ("run_min_gradients", "run_min_updates"):
             check(is_int(k[name]) and 1 <= k[name] <= 10**7, f"config.calibration.{name}", k[name],
                   "an integer in [1, 10000000]")
@@ -396,22 +394,10 @@ def measure_design(config, measured, log=print, deadline=None):
     machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
                                             input_draws=draws, fixed=held)
     pool = design.candidates()
-    plan, split = [], []
-    for e in pool:
-        tc, tu, _, _ = compare.spec_times(net, machine, host, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
-                                          sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
-                                          updater_device=e.updater_device)
-        n = e.hosts * e.learners_per_host
-        plan.append(runtime_runs.plan_duration(tc, tu, n, min_gradients=k.run_min_gradients,
-                                               min_updates=k.run_min_updates, warmup_s=k.warmup_s,
-                                               max_duration_s=k.run_max_duration_s,
-                                               min_measure_s=k.run_min_measure_s))
-        applying = -math.expm1(-n * tu / tc)  # the share of cycles that gather a gradient (Poisson)
-        cycles = (plan[-1] - k.warmup_s) / tu
-        split.append(min(applying, 1.0 - applying) * cycles >= host_fit.MIN_SPLIT_CYCLES)  # both kinds measured
-    fields = [f for f in host_fit.RUNTIME_FIELDS if f not in host_fit.ALWAYS_FIXED]
-    jac = design.sensitivities(machine, host, net, pool, fields, split)
-    layout = [runtime_runs.same_processes(e) for e in pool]
+    times = [compare.spec_times(net, machine, host, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
+                                sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
+                                updater_device=e.updater_device)[:2] for e in pool]
+    layout, groups = [runtime_runs.same_processes(e) for e in pool], design.strata(pool)
 
     def extra_s(i, chosen):  # the series' processes, if none is started yet; the step for a new sub-batch
         same = [pool[j].sub_batch for j in chosen if layout[j] == layout[i]]
@@ -419,13 +405,29 @@ def measure_design(config, measured, log=print, deadline=None):
         start_s = k.run_startup_s * pool[i].hosts  # the processes share the cores and then join each other
         return (0.0 if same else start_s) + (0.0 if pool[i].sub_batch in same else compile_s)
 
-    cost = [k.run_segment_s + d for d in plan]
+    def lengths(scale):
+        return [runtime_runs.plan_duration(tc, tu, e.hosts * e.learners_per_host, min_gradients=k.run_min_gradients,
+                                           min_updates=k.run_min_updates, warmup_s=k.warmup_s, scale=scale,
+                                           max_duration_s=k.run_max_duration_s, min_measure_s=k.run_min_measure_s)
+                for e, (tc, tu) in zip(pool, times)]
 
     def left_s(took_s):  # what the runs may still spend: budget_s, and what is left of the wall clock
         return min(k.budget_s - took_s, math.inf if deadline is None else deadline - time.monotonic())
 
     budget = max(left_s(0.0), 0.0)
-    chosen = design.select(jac, cost, budget, groups=design.strata(pool), blocks=4, extra_s=extra_s)
+    def cover(scale):  # what one run of every regime costs, at this share of the planned measuring
+        c = [k.run_segment_s + d for d in lengths(scale)]
+        return design.cover_s(set(groups), range(len(pool)), groups, [], lambda i, b: c[i] + extra_s(i, b))
+
+    scale = design.run_scale(cover, budget, k.run_scale_min)
+    plan, split = lengths(scale), []
+    for e, (tc, tu), d in zip(pool, times, plan):
+        applying = -math.expm1(-e.hosts * e.learners_per_host * tu / tc)  # cycles that gather a gradient (Poisson)
+        split.append(min(applying, 1.0 - applying) * (d - k.warmup_s) / tu >= host_fit.MIN_SPLIT_CYCLES)
+    fields = [f for f in host_fit.RUNTIME_FIELDS if f not in host_fit.ALWAYS_FIXED]
+    jac = design.sensitivities(machine, host, net, pool, fields, split)
+    cost = [k.run_segment_s + d for d in plan]
+    chosen = design.select(jac, cost, budget, groups=groups, blocks=4, extra_s=extra_s)
     check(len(chosen) > 0, "config.calibration.total_s", k.total_s,
           f"a wall clock that leaves the runs time after the lone steps and all-reduces ({budget:.0f} s left of it, "
           f"less than the shortest run) or config.calibration.fit_s={k.fit_s:g} less")
@@ -434,10 +436,11 @@ def measure_design(config, measured, log=print, deadline=None):
     for i in chosen:  # the runs of one layout in a row, in the order chosen
         series.setdefault(layout[i], []).append(i)
     planned = sum(cost[i] + extra_s(i, chosen[:n]) for n, i in enumerate(chosen))
-    chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen],
+    chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen], scale=scale,
                          series=[[pool[i].name for i in s] for s in series.values()],
                          predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
-    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s of {budget:.0f}; predicted "
+    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s of {budget:.0f} (each run "
+        f"measuring {scale:.0%} of its plan); predicted "
         "relative standard errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
@@ -452,7 +455,7 @@ def measure_design(config, measured, log=print, deadline=None):
             pace = design.pace(took_s, planned_s)
             left = left_s(took_s)
             keep = design.trim(jac, ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
-                               left, scale=pace, required=done, groups=design.strata(pool), blocks=4)
+                               left, scale=pace, required=done, groups=groups, blocks=4)
             if len(keep) < len(ahead):
                 dropped += [i for i in ahead if i not in keep]
                 log(f"runs dropped to stay within budget_s={k.budget_s:g} s and total_s={k.total_s:g} s ({left:.0f} "

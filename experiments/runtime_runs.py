@@ -32,13 +32,14 @@ SET_BY_ENTRY = tuple(f"config.sprint.{f}" for f in ("learners_per_host", "sub_ba
 
 
 def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,
-                  max_duration_s: float, margin: float = 1.3, min_measure_s: float = 0.0) -> float:
+                  max_duration_s: float, margin: float = 1.3, min_measure_s: float = 0.0, scale: float = 1.0) -> float:
     """Run length for ``min_gradients`` gradients (``N / T_c`` per second) and ``min_updates`` updates
     (``1 / T_u`` per second) after the warm-up, with a margin, and at least ``min_measure_s`` after the
     warm-up (a mean over a few seconds carries the machine's second-to-second changes of speed); at most
-    ``max_duration_s``."""
+    ``max_duration_s``. ``scale``: the share of all that measuring to plan (the warm-up is whole)."""
     need = max(min_gradients * tc / n, min_updates * tu)
-    return float(min(max_duration_s, warmup_s + max(margin * need + 1.0, min_measure_s)))
+    measure = min(max_duration_s - warmup_s, max(margin * need + 1.0, min_measure_s))
+    return float(warmup_s + scale * measure)
 
 
 def run_entry(entry: grids.Entry, workdir: str, *, config_file: str, overrides: Sequence[str],

@@ -32,3 +32,6 @@ def test_a_run_measures_at_least_its_minimum_after_the_warm_up():
     assert runtime_runs.plan_duration(1e-3, 1e-3, 1, min_measure_s=6.0, **short) == pytest.approx(8.0)
     assert runtime_runs.plan_duration(1.0, 1.0, 1, min_measure_s=6.0, **short) == pytest.approx(16.0)
     assert runtime_runs.plan_duration(10.0, 10.0, 1, min_measure_s=6.0, **short) == pytest.approx(20.0)
+    # scale: that share of the measuring after a whole warm-up (a slow machine's design, design.run_scale)
+    assert runtime_runs.plan_duration(1.0, 1.0, 1, min_measure_s=6.0, scale=0.5, **short) == pytest.approx(9.0)
+    assert runtime_runs.plan_duration(10.0, 10.0, 1, scale=0.6, **short) == pytest.approx(2.0 + 0.6 * 18.0)

@@ -146,3 +146,41 @@ def test_the_first_regimes_leave_the_budget_what_covering_the_others_costs():
     assert sorted(tight) == [1, 2, 3]
     roomy = design.select(jac, cost, 50.0, groups=groups)
     assert 0 in roomy and {groups[i] for i in roomy} == {"A", "B", "C"}
+
+
+def test_covering_the_other_regimes_counts_their_start_ups():
+    """Regime A's informative run (20 s) and its cheap one (5 s) share processes; regime B's only run (5 s) needs
+    processes of its own (10 s to start, as A's). Within 40 s, A's informative run would leave 10 s, less than
+    B's 15 s with its start-up: the design takes A's cheap run and covers B; within 50 s, the informative one."""
+    jac = np.zeros((3 * 4, 2))
+    jac[0], jac[1], jac[2] = [3.0, 0.0], [0.01, 0.0], [0.0, 0.001]  # B's run adds least: it is not taken first
+    layout, groups = ["p", "p", "q"], ["A", "A", "B"]
+
+    def extra_s(i, chosen):
+        return 0.0 if any(layout[j] == layout[i] for j in chosen) else 10.0
+
+    cost = [20.0, 5.0, 5.0]
+    assert sorted(design.select(jac, cost, 40.0, groups=groups, blocks=4, extra_s=extra_s)) == [1, 2]
+    roomy = design.select(jac, cost, 50.0, groups=groups, blocks=4, extra_s=extra_s)
+    assert roomy[0] == 0 and 2 in roomy
+    price = lambda i, before: cost[i] + extra_s(i, before)  # noqa: E731
+    assert design.cover_s({"A", "B"}, range(3), groups, [], price) == 30.0  # 5 + 10 and 5 + 10
+    assert design.cover_s({"A"}, range(3), groups, [2], price) == 15.0
+    assert design.cover_s({"A", "B"}, [0, 1], groups, [], price) == float("inf")  # no candidate of B
+    assert design.cover_s(set(), range(3), groups, [], price) == 0.0
+
+
+def test_a_slow_machine_gets_shorter_runs_of_every_regime():
+    """``run_scale``: the largest of 1, 0.9, ... whose cover takes at most 85% of the budget, the smallest
+    where none does, never asking for a scale below it."""
+    asked = []
+
+    def cover(s):
+        asked.append(s)
+        return 200.0 + 100.0 * s
+
+    assert design.run_scale(cover, 400.0, 0.6) == 1.0 and asked == [1.0]  # 300 s of 340
+    assert design.run_scale(cover, 320.0, 0.6) == pytest.approx(0.7)  # 270 s of 272
+    asked.clear()
+    assert design.run_scale(cover, 300.0, 0.6) == pytest.approx(0.6) and min(asked) > 0.65  # none fits 255 s
+    assert design.run_scale(cover, 100.0, 1.0) == 1.0

@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     k.runs = "design"
     k.budget_s = 430.0              # design: seconds of runs (each run's start-up and length) it may spend
     #                                 (held at the pace measured: runs that no longer fit are dropped)
-    k.total_s = 570.0               # design: the whole calibration's wall clock, from the launcher's start (s):
+    k.total_s = 590.0               # design: the whole calibration's wall clock, from the launcher's start (s):
     #                                 the runs get at most what is left of it after the lone steps and
     #                                 all-reduces, less the lone steps' rounds after them and fit_s
     k.fit_s = 60.0                  # design: seconds kept for the fit after the runs (35-45 s on 2 cores)
@@ -44,6 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
     k.run_min_updates = 100         # design: updates after the warm-up each run is planned for
     k.run_min_measure_s = 4.0       # design: seconds each run measures after its warm-up at least
     k.run_max_duration_s = 20.0     # design: longest run (s)
+    k.run_scale_min = 0.6           # design: the least share of that measuring a run may get where a run of
+    #                                 every regime would not fit otherwise (design.run_scale)
     k.run_startup_s = 8.0           # design: starting a series' process, each (interpreter, imports, JAX, data)
     k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
     k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -31,12 +31,16 @@ from jaxsprint.errors import check
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["PACE_PRIOR_S", "candidates", "pace", "predicted_rel_std_error", "select", "sensitivities",
-           "strata", "trim"]
+__all__ = ["COVER_SHARE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "predicted_rel_std_error", "run_scale",
+           "select", "sensitivities", "strata", "trim"]
 
 # Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
 # calibration's series took 0.87-1.06 of their plan, docs/calibration.md), two series' worth is not.
 PACE_PRIOR_S = 60.0
+# The share of the budget that covering every regime may take (:func:`run_scale`); the rest
+# goes to the runs that pin the figures (docs/calibration.md: an afternoon design that spent it all on covering
+# left learner_step_cores undetermined).
+COVER_SHARE = 0.85
 
 
 def candidates(*, hosts: Sequence[int] = (1, 2), learners_per_host: Sequence[int] = (1, 2, 4, 8),
@@ -122,8 +126,9 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     Starting from ``required``, each step adds the affordable entry with the largest gain of
     ``log det(J^T J + ridge I)`` per second of ``cost_s``, until no entry fits in what is left of ``budget_s``
     or none adds information (gain below 1e-6). With ``groups`` (a label per entry, e.g. :func:`strata`), the
-    first steps take only entries of a group no chosen entry has, until every group has one, and while some leave
-    the budget the shortest entry (``cost_s``) of every other such group, only those. ``blocks``: rows
+    first steps take only entries of a group no chosen entry has, until every group has one: the most informative
+    per second among those that leave what covering the other groups costs after them (:func:`cover_s`, start-ups
+    included), where the budget allows covering them all. ``blocks``: rows
     per entry in ``jac`` (2, or 4 with the split cycles). ``extra_s(i, chosen)``: what entry ``i`` costs beyond
     ``cost_s[i]`` after the ``chosen`` ones (e.g. starting processes that no chosen entry has started already).
     ``candidates``: the entries it may add (default all), e.g. what is left of a design once some runs are done.
@@ -153,27 +158,26 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
     pool = range(n) if candidates is None else candidates
     while True:
         _, base = np.linalg.slogdet(info)
-        best, best_gain = None, -math.inf
         missing = {groups[i] for i in pool} - {groups[i] for i in chosen} if groups is not None else set()
         fits = {i: c for i in pool if i not in chosen and spent + (c := price(i, chosen)) <= budget_s}
         if missing and not any(groups[i] in missing for i in fits):
             missing = set()  # no regime left uncovered is affordable: the rest by their information alone
-        # A run that would leave less than the other uncovered regimes' shortest runs (``cost_s``, no start-up)
-        # waits while some run of an uncovered regime leaves that much; where none does, any such run.
-        least = {}
-        for i in fits:
-            if missing and groups[i] in missing:
-                least[groups[i]] = min(float(cost[i]), least.get(groups[i], math.inf))
-        room = {i for i in fits if missing and groups[i] in missing and spent + fits[i] + sum(
-            v for g, v in least.items() if g != groups[i]) <= budget_s}
+        gains = []
         for i, c in fits.items():
-            if missing and (groups[i] not in missing or (room and i not in room)):
+            if missing and groups[i] not in missing:
                 continue
             rows = _rows(jac, i, n, blocks)
             _, val = np.linalg.slogdet(info + rows.T @ rows)
-            gain = (val - base) / c
-            if gain > best_gain:
-                best, best_gain, best_cost = i, gain, c
+            gains.append(((val - base) / c, i, c))
+        gains.sort(key=lambda t: -t[0])
+        best_gain, best, best_cost = gains[0] if gains else (-math.inf, None, 0.0)
+        # While regimes are uncovered, the best run is the one that leaves what covering the others costs after it
+        # (:func:`cover_s`: their cheapest runs one by one, start-ups included); where none does, the best.
+        if missing and cover_s(missing, fits, groups, chosen, price) <= budget_s - spent:
+            for gain, i, c in gains:
+                if spent + c + cover_s(missing - {groups[i]}, fits, groups, chosen + [i], price) <= budget_s:
+                    best, best_gain, best_cost = i, gain, c
+                    break
         if best is None or (best_gain < 1e-6 and not missing):
             return chosen
         rows = _rows(jac, best, n, blocks)
@@ -182,6 +186,31 @@ def select(jac: np.ndarray, cost_s: Sequence[float], budget_s: float, *, ridge: 
         spent += best_cost
         if log:
             log(f"design: + entry {best} ({best_cost:.0f} s, {spent:.0f} s of {budget_s:.0f})")
+
+
+def cover_s(regimes: set, candidates: Iterable[int], groups: Sequence, chosen: Sequence[int],
+            price: Callable[[int, Sequence[int]], float]) -> float:
+    """What covering ``regimes`` (labels of ``groups``) with ``candidates`` costs after ``chosen``: greedily, the
+    cheapest run (``price(i, before)``, start-ups included) of any regime still uncovered, until none is (a run
+    that shares a series with one taken before it pays no start-up); ``inf`` where no candidate covers one."""
+    left, taken, total, pool = set(regimes), list(chosen), 0.0, list(candidates)
+    while left:
+        best = min(((price(i, taken), i) for i in pool if groups[i] in left), default=None)
+        if best is None:
+            return math.inf
+        total += best[0]
+        taken.append(best[1])
+        left.discard(groups[best[1]])
+    return total
+
+
+def run_scale(cover: Callable[[float], float], budget_s: float, smallest: float, share: float = COVER_SHARE) -> float:
+    """The share of each run's planned measuring the design takes: the largest of 1, 0.9, ... down to
+    ``smallest`` at which covering every regime (``cover(scale)`` seconds, :func:`cover_s`) takes at most
+    ``share`` of ``budget_s``, leaving the rest to the runs that pin the figures; ``smallest`` where none does (a
+    slow machine gets shorter runs of every regime, not fewer regimes)."""
+    larger = [float(s) for s in np.round(np.arange(1.0, smallest, -0.1), 6) if s > smallest + 1e-9]
+    return next((s for s in larger if cover(s) <= share * budget_s), float(smallest))
 
 
 def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> float:
