@@ -21,11 +21,11 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      dropped (``design.trim``) to keep ``budget_s`` and ``total_s``, the whole calibration's wall clock;
      ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
      ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
-``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both
-cvs), and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The
-measurements go to ``measurements`` (read back by ``fit_only``), the preset to ``--out``: every figure with
-its source and relative standard error, the fit's summary and the command (the design is in the measurements); ``run_sprint.py``,
-``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py`` take it as ``--machine_file``.
+``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both cvs),
+and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The measurements
+(and the design) go to ``measurements``, read back by ``fit_only``; the preset, every figure with its source and
+relative standard error, the fit's summary and the command, to ``--out``: a ``--machine_file`` of ``run_sprint.py``,
+``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py``.
 """
 import math
 import os
@@ -414,11 +414,11 @@ def measure_design(config, measured, log=print, deadline=None):
     def left_s(took_s):  # what the runs may still spend: budget_s, and what is left of the wall clock
         return min(k.budget_s - took_s, math.inf if deadline is None else deadline - time.monotonic())
 
-    budget = max(left_s(0.0), 0.0)
     def cover(scale):  # what one run of every regime costs, at this share of the planned measuring
         c = [k.run_segment_s + d for d in lengths(scale)]
         return design.cover_s(set(groups), range(len(pool)), groups, [], lambda i, b: c[i] + extra_s(i, b))
 
+    budget = max(left_s(0.0), 0.0)
     scale = design.run_scale(cover, budget, k.run_scale_min)
     plan, split = lengths(scale), []
     for e, (tc, tu), d in zip(pool, times, plan):

@@ -37,9 +37,9 @@ __all__ = ["COVER_SHARE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "pred
 # Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
 # calibration's series took 0.87-1.06 of their plan, docs/calibration.md), two series' worth is not.
 PACE_PRIOR_S = 60.0
-# The share of the budget that covering every regime may take (:func:`run_scale`); the rest
-# goes to the runs that pin the figures (docs/calibration.md: an afternoon design that spent it all on covering
-# left learner_step_cores undetermined).
+# The share of the budget that covering every regime may take (:func:`run_scale`); the rest goes to the runs
+# that pin the figures (docs/calibration.md: a design that spent it all on covering left learner_step_cores
+# undetermined).
 COVER_SHARE = 0.85
 
 
@@ -209,7 +209,7 @@ def run_scale(cover: Callable[[float], float], budget_s: float, smallest: float,
     ``smallest`` at which covering every regime (``cover(scale)`` seconds, :func:`cover_s`) takes at most
     ``share`` of ``budget_s``, leaving the rest to the runs that pin the figures; ``smallest`` where none does (a
     slow machine gets shorter runs of every regime, not fewer regimes)."""
-    larger = [float(s) for s in np.round(np.arange(1.0, smallest, -0.1), 6) if s > smallest + 1e-9]
+    larger = [s for s in (round(1.0 - 0.1 * j, 6) for j in range(10)) if s > smallest + 1e-9]
     return next((s for s in larger if cover(s) <= share * budget_s), float(smallest))
 
 
