@@ -17,8 +17,8 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      figures' sensitivities within ``budget_s`` (``jaxsprint.calibration.design``: 1-2 hosts, 1-8 learners,
      sub-batch 8-128, network 0-100 ms, both updater placements, one run of every regime first, shorter runs
      where those would not fit), the runs of one process layout in a row in the same processes
-     (``experiments.runtime_runs.run_series``); where the series take longer than planned, runs left are
-     dropped (``design.trim``) to keep ``budget_s`` and ``total_s``, the whole calibration's wall clock;
+     (``experiments.design_runs``); where the series take longer than planned, the runs left are dropped or
+     shortened (``design.squeeze``) to keep ``budget_s`` and ``total_s``, the whole calibration's wall clock;
      ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
      ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both cvs),
@@ -83,20 +83,10 @@ def _read_json(field, path, what):
     return data
 
 
-# What a runtime run's record keeps of its measured statistics (the fit reads the cycle means and cvs).
-_RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
-           "updates", "mean_staleness")
 # A lone step whose trimmed mean exceeds its best round's median this much was timed on a busy machine.
 _BUSY = 1.15
 _RETRIES = 2  # times a disturbed lone-step timing is measured again
 _DRIFT = 0.10  # lone steps after the runs this much slower or faster than before: the machine's speed moved
-# Kept where measured (the logs of before these statistics lack them): the updater's empty and applying cycles.
-_SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
-
-
-def _measured(m):
-    """What a run's record keeps of its measured statistics ``m`` (a run's JSON ``measured``)."""
-    return {**{k: m[k] for k in _RECORD}, **{k: m[k] for k in _SPLIT if k in m}}
 # The calibration's field behind each SPRINT field a measurement sets (the errors name the user's field).
 _RUN_FIELDS = {"config.sprint.learners_per_host": "learners", "config.sprint.sub_batch": "run_sub_batch",
                "config.sprint.network_time_s": "network_times", "config.sprint.duration_s": "duration_s",
@@ -157,6 +147,9 @@ def check_plan(config, sub_batches, learners, network_times):
               k.run_timeout_s, "longer than config.calibration.run_max_duration_s + run_startup_s")
         check(is_real(k.run_scale_min) and 0.1 <= k.run_scale_min <= 1, "config.calibration.run_scale_min",
               k.run_scale_min, "a share in [0.1, 1]")
+        check(is_real(k.run_scale_floor) and 0.1 <= k.run_scale_floor <= k.run_scale_min,
+              "config.calibration.run_scale_floor", k.run_scale_floor,
+              f"a share in [0.1, run_scale_min = {k.run_scale_min:g}]")
         for name in ("run_min_gradients", "run_min_updates"):
             check(is_int(k[name]) and 1 <= k[name] <= 10**7, f"config.calibration.{name}", k[name],
                   "an integer in [1, 10000000]")
@@ -184,6 +177,7 @@ def check_plan(config, sub_batches, learners, network_times):
 
 def runs_from(path):
     """The runtime-run records of a validate_runtime.py ``results.json`` (one per run, as :func:`measure` makes)."""
+    from experiments import runtime_runs
     from jaxsprint.errors import ConfigError, check
 
     data = _read_json("config.calibration.runs_from", path, "a results.json of experiments/validate_runtime.py")
@@ -193,14 +187,14 @@ def runs_from(path):
     out = []
     for r in runs:
         m = r.get("measured") if isinstance(r, dict) else None
-        check(isinstance(m, dict) and all(k in m for k in _RECORD)
+        check(isinstance(m, dict) and all(k in m for k in runtime_runs.RECORD)
               and all(k in r for k in ("name", "learners_per_host", "hosts", "sub_batch")),
               "config.calibration.runs_from", path, "runs with a name, learners_per_host, hosts, sub_batch and "
               "measured cycle statistics (validate_runtime.py's results.json)")
         try:
             out.append(dict(label=r["name"], learners_per_host=int(r["learners_per_host"]), hosts=int(r["hosts"]),
                             sub_batch=int(r["sub_batch"]), updater_device=str(r.get("updater_device") or "own"),
-                            **_measured(m)))
+                            **runtime_runs.record(m)))
         except (TypeError, ValueError):
             raise ConfigError("config.calibration.runs_from", path, "runs whose learners_per_host, hosts and "
                               "sub_batch are integers (validate_runtime.py's results.json)") from None
@@ -254,12 +248,12 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     import shutil
     import tempfile
 
+    from experiments import design_runs, runtime_runs
     from jaxsprint import runtime
-    from jaxsprint.calibration import timing
+    from jaxsprint.calibration import measurements, timing
     from jaxsprint.perf.networks import BYTES_PER_VALUE
     from jaxsprint.runtime import events
-
-    from jaxsprint.calibration import measurements
+    from ml_collections import config_flags
 
     def lone_steps(batches, rounds=k.rounds):
         steps = timing.measure_gradient_steps(config, batches, rounds=rounds, min_time_s=k.step_time_s, log=log)
@@ -304,7 +298,10 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     if runs is not None:  # given (calibration.runs_from): none measured here
         runs, learners = list(runs), []
     elif k.runs == "design":
-        runs, chosen = measure_design(config, out, log=log, deadline=deadline)
+        overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
+        config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+        runs, chosen = design_runs.measure(config, out, config_file=config_file, overrides=overrides, log=log,
+                                           deadline=deadline)
         if k.rounds_after:  # the machine's speed may have moved during the runs: the fit takes both timings
             after = lone_steps(sub_batches, k.rounds_after)
             out["gradient_steps"] = timing.merge_lone_steps(gradient_steps, after)
@@ -334,7 +331,7 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
             rec = dict(learners_per_host=int(n), hosts=1, sub_batch=int(k.run_sub_batch), network_time_s=float(nt),
                        **{k: st[k] for k in ("t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv",
                                              "images_per_s", "gradients", "updates", "mean_staleness")},
-                       **{k: (st[k] if math.isfinite(st[k]) else None) for k in _SPLIT})
+                       **{k: (st[k] if math.isfinite(st[k]) else None) for k in runtime_runs.SPLIT})
             runs.append(rec)
             log(f"run: {n} learners, network {nt} s: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv "
                 f"{rec['t_compute_cv']:.2f}), T_u {1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), "
@@ -344,162 +341,12 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
 
 
 
-def _start(config, measurements):
-    """The cpu_runtime preset with the lone steps and all-reduces of ``measurements`` fitted (stages 1-2)."""
-    from jaxsprint.calibration import host, model_fit, timing
-    from jaxsprint.calibration.measurements import gradient_step_seconds
-    from jaxsprint.perf import machines
-
-    import numpy as np
-
-    net = timing.runtime_network(config)
-    steps = [model_fit.StepTiming(net, int(s["sub_batch"]), gradient_step_seconds(s), 0.0,
-                                  f"gradient b{s['sub_batch']}") for s in measurements["gradient_steps"]]
-    cores = [float(c["cores"]) for c in measurements.get("step_cores", [])]
-    ars = [model_fit.AllreduceTiming(float(a["bytes"]), int(a["ranks"]), float(a["measured_s"]))
-           for a in measurements["allreduces"]]
-    try:  # absent in files of before the input draws: the preset's figure is kept
-        draws = [(int(d["sub_batch"]), [float(x) for x in d["samples"]]) for d in measurements.get("input_draws", [])]
-    except (KeyError, TypeError, ValueError):
-        from jaxsprint.errors import DataError
-
-        raise DataError("config.calibration.measurements", "input_draws", "a list of records with a sub_batch and "
-                        "its draw times (samples), as this script writes") from None
-    start = machines.get("cpu_runtime")
-    return (net, steps, ars, (float(np.median(cores)) if cores else None), draws, start,
-            host.load_host(start, "cpu_runtime"))
-
-
-def measure_design(config, measured, log=print, deadline=None):
-    """The designed runtime runs (``calibration.runs=design``): the candidates' sensitivities at the preset
-    with this machine's lone steps and all-reduces fitted, a greedy D-optimal choice within ``budget_s``
-    (``jaxsprint.calibration.design``), then every chosen run as its own processes
-    (``experiments.runtime_runs``). Returns their records (a failed run is reported and left out) and the
-    design (the runs chosen, their planned lengths, the predicted relative standard errors). ``deadline``
-    (``time.monotonic()``): the runs end by then (``total_s``), dropping runs as ``budget_s`` does.
-
-    Raises:
-      ConfigError: no run fits in what is left of ``total_s``."""
-    import shutil
-    import tempfile
-
-    from experiments import runtime_runs
-    from jaxsprint.calibration import compare, design, host_fit
-    from jaxsprint.errors import check
-    from ml_collections import config_flags
-
-    k = config.calibration
-    net, steps, ars, cores, draws, machine, host = _start(config, measured)
-    held = {f: host_fit.FIXED[f] for f in host_fit.ALWAYS_FIXED}
-    machine, host, *_ = host_fit.fit_device(machine, host, net, steps=steps, allreduces=ars, step_cores=cores,
-                                            input_draws=draws, fixed=held)
-    pool = design.candidates()
-    times = [compare.spec_times(net, machine, host, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
-                                sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
-                                updater_device=e.updater_device)[:2] for e in pool]
-    layout, groups = [runtime_runs.same_processes(e) for e in pool], design.strata(pool)
-
-    def extra_s(i, chosen):  # the series' processes, if none is started yet; the step for a new sub-batch
-        same = [pool[j].sub_batch for j in chosen if layout[j] == layout[i]]
-        compile_s = k.run_compile_s * pool[i].hosts * pool[i].learners_per_host
-        start_s = k.run_startup_s * pool[i].hosts  # the processes share the cores and then join each other
-        return (0.0 if same else start_s) + (0.0 if pool[i].sub_batch in same else compile_s)
-
-    def lengths(scale):
-        return [runtime_runs.plan_duration(tc, tu, e.hosts * e.learners_per_host, min_gradients=k.run_min_gradients,
-                                           min_updates=k.run_min_updates, warmup_s=k.warmup_s, scale=scale,
-                                           max_duration_s=k.run_max_duration_s, min_measure_s=k.run_min_measure_s)
-                for e, (tc, tu) in zip(pool, times)]
-
-    def left_s(took_s):  # what the runs may still spend: budget_s, and what is left of the wall clock
-        return min(k.budget_s - took_s, math.inf if deadline is None else deadline - time.monotonic())
-
-    def cover(scale):  # what one run of every regime costs, at this share of the planned measuring
-        c = [k.run_segment_s + d for d in lengths(scale)]
-        return design.cover_s(set(groups), range(len(pool)), groups, [], lambda i, b: c[i] + extra_s(i, b))
-
-    budget = max(left_s(0.0), 0.0)
-    scale = design.run_scale(cover, budget, k.run_scale_min)
-    plan, split = lengths(scale), []
-    for e, (tc, tu), d in zip(pool, times, plan):
-        applying = -math.expm1(-e.hosts * e.learners_per_host * tu / tc)  # cycles that gather a gradient (Poisson)
-        split.append(min(applying, 1.0 - applying) * (d - k.warmup_s) / tu >= host_fit.MIN_SPLIT_CYCLES)
-    fields = [f for f in host_fit.RUNTIME_FIELDS if f not in host_fit.ALWAYS_FIXED]
-    jac = design.sensitivities(machine, host, net, pool, fields, split)
-    cost = [k.run_segment_s + d for d in plan]
-    chosen = design.select(jac, cost, budget, groups=groups, blocks=4, extra_s=extra_s)
-    check(len(chosen) > 0, "config.calibration.total_s", k.total_s,
-          f"a wall clock that leaves the runs time after the lone steps and all-reduces ({budget:.0f} s left of it, "
-          f"less than the shortest run) or config.calibration.fit_s={k.fit_s:g} less")
-    rse = design.predicted_rel_std_error(jac, chosen, blocks=4)
-    series = {}
-    for i in chosen:  # the runs of one layout in a row, in the order chosen
-        series.setdefault(layout[i], []).append(i)
-    planned = sum(cost[i] + extra_s(i, chosen[:n]) for n, i in enumerate(chosen))
-    chosen_design = dict(chosen=[pool[i].name for i in chosen], planned_s=[plan[i] for i in chosen], scale=scale,
-                         series=[[pool[i].name for i in s] for s in series.values()],
-                         predicted_rel_std_error={f: (float(v) if v < 1e9 else None) for f, v in zip(fields, rse)})
-    log(f"design: {len(chosen)} runs in {len(series)} series, about {planned:.0f} s of {budget:.0f} (each run "
-        f"measuring {scale:.0%} of its plan); predicted "
-        "relative standard errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(fields, rse)))
-    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
-    overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
-    records, done, took_s, planned_s, dropped = [], [], 0.0, 0.0, []
-    root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
-    try:
-        for n, members in enumerate(series.values()):
-            # Runs that no longer fit in budget_s at the pace measured so far are dropped, one at a time, the one
-            # that loses the least information per second saved first, until the rest fit: an overrun drops no
-            # more than it needs, and never a run that pins a figure while another would do.
-            ahead = [i for i in chosen if i not in done and i not in dropped]
-            pace = design.pace(took_s, planned_s)
-            left = left_s(took_s)
-            keep = design.trim(jac, ahead, lambda i, before: cost[i] + extra_s(i, done + list(before)),
-                               left, scale=pace, required=done, groups=groups, blocks=4)
-            if len(keep) < len(ahead):
-                dropped += [i for i in ahead if i not in keep]
-                log(f"runs dropped to stay within budget_s={k.budget_s:g} s and total_s={k.total_s:g} s ({left:.0f} "
-                    f"s left; the series so far took {took_s:.0f} s of {planned_s:.0f} planned, pace {pace:.3f}): "
-                    f"{', '.join(pool[i].name for i in ahead if i not in keep)}")
-            members = [i for i in members if i in keep]
-            if not members:
-                continue
-            entries = [pool[i] for i in members]
-            plan_s = sum(cost[i] + extra_s(i, done + members[:m]) for m, i in enumerate(members))
-            start = time.monotonic()
-            try:
-                results = runtime_runs.run_series(entries, [plan[i] for i in members], os.path.join(root, f"series{n}"),
-                                                  config_file=config_file, overrides=overrides,
-                                                  machine_args=["--machine=cpu_runtime"], warmup_s=k.warmup_s,
-                                                  timeout_s=k.run_timeout_s * len(members), specs=False,
-                                                  compile_cache_dir=os.path.join(root, "compile-cache"))
-            except RuntimeError as err:  # one failed series does not end the calibration; it is reported
-                log(f"series of {', '.join(e.name for e in entries)}: FAILED: {err}")
-                done += members
-                continue
-            took = time.monotonic() - start
-            done += members
-            took_s, planned_s = took_s + took, planned_s + plan_s
-            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned {plan_s:.0f} s)")
-            for e, res in zip(entries, results):
-                m = res["measured"]
-                rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
-                           updater_device=e.updater_device, **_measured(m))
-                records.append(rec)
-                log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
-                    f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
-                    f"{rec['updates']} updates")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    chosen_design["dropped"] = [pool[i].name for i in dropped]
-    return records, chosen_design
-
-
 def fit(config, measurements):
     """The :class:`~jaxsprint.calibration.host_fit.RuntimeFit` of stored measurements, from cpu_runtime."""
+    from experiments import design_runs
     from jaxsprint.calibration import host_fit
 
-    net, steps, ars, cores, draws, start, host = _start(config, measurements)
+    net, steps, ars, cores, draws, start, host = design_runs.start(config, measurements)
     runs = [host_fit.RuntimeRun.from_record(r) for r in measurements["runs"]]
     k = config.calibration
     fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else host_fit.ALWAYS_FIXED)}
@@ -588,7 +435,8 @@ def main(argv):
     save_preset(out, result, " ".join(["python experiments/calibrate_runtime.py"] + sys.argv[1:]), meas_path)
     print(f"stage errors: compute {result.stages.get('compute', {}).get('steps')}, "
           f"network {result.stages.get('network', {}).get('allreduces')}")
-    print(f"runs: T_c {model_fit.error_stats(result.compute_errors)}, T_u {model_fit.error_stats(result.update_errors)}")
+    print(f"runs: T_c {model_fit.error_stats(result.compute_errors)}, "
+          f"T_u {model_fit.error_stats(result.update_errors)}")
     for f, v in result.fitted.items():
         se = result.rel_std_error.get(f)
         print(f"  {f:36s} {v:12.4g}  " + (f"relative standard error {se:.3g}" if se is not None else "(median)")

@@ -22,13 +22,23 @@ from typing import Sequence
 from jaxsprint import subprocs
 from jaxsprint.calibration import grids
 
-__all__ = ["SET_BY_ENTRY", "plan_duration", "run_entry", "run_series", "same_processes"]
+__all__ = ["RECORD", "SET_BY_ENTRY", "SPLIT", "plan_duration", "record", "run_entry", "run_series", "same_processes"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The config fields run_entry sets for every run (an override of them would be ignored).
 SET_BY_ENTRY = tuple(f"config.sprint.{f}" for f in ("learners_per_host", "sub_batch", "network_time_s", "duration_s",
                                                      "num_updates", "num_epochs", "warmup_s", "checkpoint",
                                                      "eval_every_updates"))
+# What a calibration's record of a run keeps of its measured statistics (the fit reads the cycle means and cvs),
+# and, where measured (the logs of before these statistics lack them), the updater's empty and applying cycles.
+RECORD = ("network_time_s", "t_compute_s", "t_compute_cv", "t_update_s", "t_update_cv", "images_per_s", "gradients",
+          "updates", "mean_staleness")
+SPLIT = ("t_update_empty_s", "t_update_applying_s", "empty_cycles", "applying_cycles")
+
+
+def record(measured: dict) -> dict:
+    """What a calibration keeps of a run's measured statistics (a run's JSON ``measured``)."""
+    return {**{k: measured[k] for k in RECORD}, **{k: measured[k] for k in SPLIT if k in measured}}
 
 
 def plan_duration(tc: float, tu: float, n: int, *, min_gradients: int, min_updates: int, warmup_s: float,

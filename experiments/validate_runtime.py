@@ -91,14 +91,8 @@ def _estimates(config, grid, machine) -> dict[str, tuple[float, float]]:
     """Specs estimates of ``(T_c, T_u)`` per configuration (the plan of the durations)."""
     from jaxsprint.calibration import compare
 
-    network = compare.network_cost(config)
-    out = {}
-    for e in grid:
-        tc, tu, _, _ = compare.spec_times(network, *machine, learners_per_host=e.learners_per_host,
-                                          num_hosts=e.hosts, sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
-                                          updater_device=e.updater_device or "shared")
-        out[e.name] = (tc, tu)
-    return out
+    times = compare.spec_cycles(compare.network_cost(config), *machine, grid)
+    return {e.name: t for e, t in zip(grid, times)}
 
 
 def run_config(entry: grids.Entry, workdir: str, *, duration_s: float, warmup_s: float, overrides: list[str],

@@ -291,6 +291,7 @@ def calibrate_runtime_cases():
         ("run_segment_s=-1", "run_segment_s"), ("run_compile_s=nan", "run_compile_s"),
         ("run_timeout_s=5", "run_timeout_s"), ("run_min_gradients=0", "run_min_gradients"),
         ("run_scale_min=0", "run_scale_min"), ("run_scale_min=1.5", "run_scale_min"),
+        ("run_scale_floor=0.05", "run_scale_floor"), ("run_scale_floor=0.9", "run_scale_floor"),
         ("run_min_updates=1.5", "run_min_updates"), ("fix_undetermined=2", "fix_undetermined"),
         ("measurements=afile/m.json", "measurements"), ("measurements=w", "measurements"),
         ("measurements=", "measurements"),

@@ -158,6 +158,9 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     assert len(design["chosen"]) >= 2 and len(meas["runs"]) >= 1
     dropped = design["dropped"]
     assert set(dropped) <= set(design["chosen"]) and set(dropped).isdisjoint(failed)
+    # Runs shortened at an overrun measured less than the design's share, at least run_scale_floor of their plan.
+    assert all(0.3 <= s < design["scale"] for s in design["shortened"].values())
+    assert set(design["shortened"]) <= {x["label"] for x in meas["runs"]}
     assert all(c in r.stdout.partition("runs dropped to stay within budget_s=")[2] for c in dropped), r.stdout[-2000:]
     assert [x["label"] for x in meas["runs"]] == [c for s in series for c in s if c not in failed | set(dropped)], \
         r.stdout[-2000:]
@@ -232,42 +235,51 @@ def test_check_speed_times_the_lone_steps_again_and_writes_nothing(tmp_path):
 
 
 def test_the_runs_end_by_the_calibrations_wall_clock(monkeypatch):
-    """With a deadline (``total_s``), the design spends at most what is left of the wall clock; a stall during a
-    series drops the runs that no longer fit (logged), so the runs still end by the deadline; a deadline that
-    leaves no run is an error naming ``total_s``. (The series are faked: each takes the seconds it was planned,
-    the first one also ``stall`` more, on a fake clock.)"""
+    """With a deadline (``total_s``), the design spends at most what is left of the wall clock; a stall during the
+    first series fits the runs left to what is left (logged): a short stall drops the runs that are not their
+    regime's last and shortens the rest, so that every regime the design covered is still measured; a long one
+    drops regimes' last runs too; either way the runs end by the deadline. A deadline that leaves no run is an
+    error naming ``total_s``. (The series are faked: each takes the seconds it was planned, the first one also
+    ``stall`` more, on a fake clock.)"""
     import types
 
-    cr = launcher("calibrate_runtime")
-    from experiments import runtime_runs
+    from experiments import design_runs, runtime_runs
     from experiments.configs import calibrate_runtime as cfg
     from jaxsprint.errors import ConfigError
-    from ml_collections import config_flags
 
     with open(os.path.join(ROOT, "docs", "runtime-calibration-design.json")) as f:
         measured = json.load(f)["measurements"]
     clock = [1000.0]
-    monkeypatch.setattr(cr, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
-    monkeypatch.setattr(config_flags, "get_config_filename", lambda flag: "config.py")
+    monkeypatch.setattr(design_runs, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     config = cfg.get_config()
-    for stall in (0.0, 100.0):
+    for stall in (0.0, 15.0, 100.0):
         calls = []
 
         def series(entries, durations_s, workdir, **kw):
             clock[0] += sum(durations_s) + config.calibration.run_segment_s * len(entries) + (stall if not calls else 0)
             calls.append([e.name for e in entries])
-            return [dict(measured={**{k: 1e-3 for k in cr._RECORD}, "gradients": 100, "updates": 100})
+            return [dict(measured={**{k: 1e-3 for k in runtime_runs.RECORD}, "gradients": 100, "updates": 100})
                     for _ in entries]
 
         monkeypatch.setattr(runtime_runs, "run_series", series)
         lines = []
         deadline = clock[0] + 200.0
-        records, design = cr.measure_design(config, measured, log=lines.append, deadline=deadline)
+        records, design = design_runs.measure(config, measured, config_file="config.py", log=lines.append,
+                                              deadline=deadline)
         assert any(" s of 200 (each run measuring 60% of its plan); predicted" in ln for ln in lines), lines[:3]
         assert design["scale"] == 0.6  # 200 s cannot cover every regime with longer runs
         assert clock[0] <= deadline and len(records) == sum(len(c) for c in calls) >= 2
-        assert bool(design["dropped"]) == (stall > 0)
-        if stall:
+        regimes = {r for s in design["series"] for r in s}
+        ran = {c for s in calls for c in s}
+        assert set(design["shortened"]) <= ran and all(0.3 <= v < 0.6 for v in design["shortened"].values())
+        assert bool(design["shortened"]) == (stall > 0), lines
+        assert any(ln.startswith("runs left shortened to measure") for ln in lines) == (stall > 0)
+        if stall == 15.0:  # every regime chosen still has a run
+            from jaxsprint.calibration import design as dz
+            pool = {e.name: e for e in dz.candidates()}
+            strata = dict(zip(pool, dz.strata(list(pool.values()))))
+            assert {strata[c] for c in ran} == {strata[c] for c in regimes}, design["dropped"]
+        if stall == 100.0:
             assert any(ln.startswith("runs dropped to stay within budget_s=430 s and total_s=590 s") for ln in lines)
     with pytest.raises(ConfigError, match="config.calibration.total_s"):
-        cr.measure_design(config, measured, log=lines.append, deadline=clock[0] + 1.0)
+        design_runs.measure(config, measured, config_file="config.py", log=lines.append, deadline=clock[0] + 1.0)

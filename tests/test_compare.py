@@ -111,6 +111,24 @@ def test_predict_from_specs_uses_the_spec_times():
         compare.predict_from_specs(machine, host_figures, network, config, dataset_size=1500)
 
 
+def test_spec_cycles_are_the_spec_times_of_every_entry_in_one_call():
+    """The batched form gives each configuration's spec_times (hosts, learners, sub-batch, network, placement;
+    no placement: shared)."""
+    from jaxsprint.calibration.grids import Entry
+
+    network = zoo.resnet_cifar(1)
+    machine = machines.get("cpu_runtime")
+    figures = host.load_host(machine, "cpu_runtime")
+    entries = [Entry("a", 1, 1, 8, 0, "own"), Entry("b", 2, 4, 64, 20, "shared"), Entry("c", 2, 1, 128, 100, None)]
+    got = compare.spec_cycles(network, machine, figures, entries)
+    for e, (tc, tu) in zip(entries, got):
+        want = compare.spec_times(network, machine, figures, learners_per_host=e.learners_per_host, num_hosts=e.hosts,
+                                  sub_batch=e.sub_batch, network_time_s=e.network_ms / 1e3,
+                                  updater_device=e.updater_device or "shared")[:2]
+        assert (tc, tu) == pytest.approx(want, rel=1e-6)
+    assert got[0] != got[1] and compare.spec_cycles(network, machine, figures, []) == []
+
+
 def test_report_is_json_with_string_keys_and_no_nan():
     stats = events.statistics(events.simulate_log(2, 0.01, 0.02, 0.3, duration_s=5.0, warmup_s=0.5, sub_batch=4))
     pred = compare.predict_from_timings(stats)

@@ -114,6 +114,28 @@ def test_trim_drops_only_what_the_overrun_needs_and_the_least_informative_per_se
     assert design.trim(jac, [0, 1], price, 5.0) == []
 
 
+def test_an_overrun_shortens_every_regimes_run_before_it_drops_one():
+    """squeeze: four runs of regimes a, b, c, c, each 4 s of start and end plus 10 s x its share of measuring.
+    With room for all: all at the share. A little over: run 2 or 3 (regime c's second) goes first, then the
+    rest are shortened to the largest share that fits (0.6 - 0.05 j), a regime's only run kept; where even the
+    smallest share would not fit, regimes' last runs go too, at the smallest share."""
+    jac = np.zeros((8, 3))
+    jac[0, 0], jac[1, 1], jac[2, 2], jac[3, 2] = 1.0, 1.0, 1.0, 0.5
+    price = lambda i, before, s: 4.0 + 10.0 * s  # noqa: E731
+    groups = ["a", "b", "c", "c"]
+    kw = dict(share=0.6, smallest=0.3, groups=groups)
+    assert design.squeeze(jac, [0, 1, 2, 3], price, 40.0, **kw) == ([0, 1, 2, 3], 0.6)  # 40 s
+    assert design.squeeze(jac, [0, 1, 2, 3], price, 30.0, **kw) == ([0, 1, 2], 0.6)  # run 3 adds least
+    kept, share = design.squeeze(jac, [0, 1, 2, 3], price, 25.0, **kw)  # three runs fit at 0.45: 25.5 s > 25
+    assert (kept, share) == ([0, 1, 2], 0.4)
+    # At a pace of 1.25, 25 s left holds 20 s as planned: three runs at 0.25 would, the floor 0.3 does not.
+    kept, share = design.squeeze(jac, [0, 1, 2, 3], price, 25.0, pace=1.25, **kw)
+    assert share == 0.3 and len(kept) == 2 and 2 in kept
+    # Without regimes (groups None), runs are dropped as trim drops them (two of 10 s fit), none shortened.
+    kept, share = design.squeeze(jac, [0, 1, 2, 3], price, 25.0, share=0.6, smallest=0.3)
+    assert len(kept) == 2 and 3 not in kept and share == 0.6
+
+
 def test_pace_is_the_measured_over_the_planned_with_a_prior_at_the_plan():
     assert design.pace(0.0, 0.0) == 1.0 and design.pace(10.0, 20.0) == 1.0  # faster than planned: 1
     assert design.pace(19.0, 18.0) == pytest.approx(79.0 / 78.0)  # one short series barely moves it

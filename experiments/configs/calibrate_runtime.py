@@ -46,6 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
     k.run_max_duration_s = 20.0     # design: longest run (s)
     k.run_scale_min = 0.6           # design: the least share of that measuring a run may get where a run of
     #                                 every regime would not fit otherwise (design.run_scale)
+    k.run_scale_floor = 0.3         # design: the least share a run may be shortened to where the runs take
+    #                                 longer than planned (every regime's run is shortened before one is dropped)
     k.run_startup_s = 8.0           # design: starting a series' process, each (interpreter, imports, JAX, data)
     k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
     k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner

@@ -10,8 +10,10 @@ both updater placements), the runs that most increase ``log det (J^T J + lambda 
 measuring (each run's planned length plus what it adds to the runs chosen before it: ``select(extra_s=...)``,
 the start-up of processes and compilations no earlier run paid), until the budget is spent: the classic greedy
 algorithm for D-optimality with costs, after one run of every regime (:func:`strata`).
-:func:`predicted_rel_std_error` says before anything is measured how well each figure will be determined; the fit afterwards reports the real ones and holds the undetermined
-(``jaxsprint.calibration.host_fit.fit_all(fix_undetermined=True)``).
+:func:`predicted_rel_std_error` says before anything is measured how well each figure will be determined; the
+fit afterwards reports the real ones and holds the undetermined (``host_fit.fit_all(fix_undetermined=True)``).
+Where the runs take longer than planned, :func:`squeeze` fits the runs left to what is left: :func:`trim` drops
+the least informative per second, then every run is shortened before a regime loses its last run.
 
 The sensitivities are taken at the preset's figures, a figure at 0 (a term off) at the fit's second start
 (``host_fit.RUNTIME_START``), where the term is on: a design at 0 could not see it.
@@ -32,7 +34,7 @@ from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
 __all__ = ["COVER_SHARE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "predicted_rel_std_error", "run_scale",
-           "select", "sensitivities", "strata", "trim"]
+           "select", "sensitivities", "squeeze", "strata", "trim"]
 
 # Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
 # calibration's series took 0.87-1.06 of their plan, docs/calibration.md), two series' worth is not.
@@ -219,37 +221,60 @@ def pace(took_s: float, planned_s: float, prior_s: float = PACE_PRIOR_S) -> floa
     return max(1.0, (float(took_s) + prior_s) / (float(planned_s) + prior_s))
 
 
+def _spend(runs: Sequence[int], price: Callable[[int, Sequence[int]], float], pace: float) -> float:
+    """What ``runs`` cost in their order at ``pace``: each its ``price(i, runs before it)``."""
+    return pace * sum(float(price(i, list(runs[:m]))) for m, i in enumerate(runs))
+
+
 def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float, *,
-         scale: float = 1.0, required: Sequence[int] = (), groups: Sequence | None = None,
+         scale: float = 1.0, required: Sequence[int] = (), groups: Sequence | None = None, lasts: bool = True,
          blocks: int = 2, ridge: float = 1e-4) -> list[int]:
     """The runs of ``ahead`` kept when they cost ``scale`` times their ``price(i, kept before it)`` and must fit
     in ``budget_s``: runs are dropped one at a time, each time the one whose loss of ``log det(J^T J)`` (with
     the ``required`` runs, those done) per second saved is least, until the rest fit, so that an overrun
-    drops no more than it needs. A run that is its regime's last (``groups``) goes only when every run left is.
-    ``blocks`` and ``ridge`` as in :func:`select`. Returns the kept runs in ``ahead``'s order."""
+    drops no more than it needs. A run that is its regime's last (``groups``) goes only when every run left is,
+    and with ``lasts=False`` never (the runs kept may then not fit). ``blocks`` and ``ridge`` as in
+    :func:`select`. Returns the kept runs in ``ahead``'s order."""
     n = jac.shape[0] // blocks
-
-    def spend(runs):
-        total, before = 0.0, []
-        for i in runs:
-            total += scale * float(price(i, before))
-            before.append(i)
-        return total
 
     def logdet(runs):
         rows = np.concatenate([_rows(jac, i, n, blocks) for i in runs]) if len(runs) else np.zeros((0, jac.shape[1]))
         return np.linalg.slogdet(ridge * np.eye(jac.shape[1]) + rows.T @ rows)[1]
 
     kept = list(ahead)
-    while kept and spend(kept) > budget_s:
+    while kept and _spend(kept, price, scale) > budget_s:
         covered = [i for i in kept if groups is None or sum(groups[j] == groups[i]
                                                                for j in list(required) + kept) > 1]
-        base, cost = logdet(list(required) + kept), spend(kept)
+        base, cost = logdet(list(required) + kept), _spend(kept, price, scale)
         best, best_loss = None, math.inf
-        for i in covered or kept:
+        for i in covered or (kept if lasts else []):
             rest = [j for j in kept if j != i]
-            loss = (base - logdet(list(required) + rest)) / max(cost - spend(rest), 1e-9)
+            loss = (base - logdet(list(required) + rest)) / max(cost - _spend(rest, price, scale), 1e-9)
             if loss < best_loss:
                 best, best_loss = i, loss
+        if best is None:  # every run left is its regime's last, and those stay
+            return kept
         kept.remove(best)
     return kept
+
+
+def squeeze(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int], float], float],
+            budget_s: float, *, share: float, smallest: float, pace: float = 1.0, required: Sequence[int] = (),
+            groups: Sequence | None = None, blocks: int = 2, ridge: float = 1e-4) -> tuple[list[int], float]:
+    """What an overrun keeps of the runs ``ahead``, and the share of its planned measuring each run then gets:
+    ``price(i, before, s)`` seconds at the plan for share ``s``, ``pace`` times that as measured, within
+    ``budget_s``. First the runs that are not their regime's last go (:func:`trim`), then every run left is
+    shortened, to the largest of ``share``, ``share - 0.05``, ... down to ``smallest`` at which they fit (a
+    shorter run of a regime tells more than none); only where none does do regimes' last runs go, at
+    ``smallest``. ``required``, ``groups``, ``blocks``, ``ridge`` as in :func:`trim`. Returns (kept, share)."""
+    def at(s):
+        return lambda i, before: price(i, before, s)
+
+    opts = dict(required=required, groups=groups, blocks=blocks, ridge=ridge)
+    kept = trim(jac, ahead, at(share), budget_s, scale=pace, lasts=False, **opts)
+    smallest = min(float(smallest), float(share))
+    shares = [float(share)] + [s for s in (round(share - 0.05 * j, 6) for j in range(1, 20)) if s > smallest + 1e-9]
+    for s in shares + [smallest]:
+        if _spend(kept, at(s), pace) <= budget_s:
+            return kept, s
+    return trim(jac, kept, at(smallest), budget_s, scale=pace, **opts), smallest
