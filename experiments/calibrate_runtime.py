@@ -22,7 +22,8 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
      ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both cvs),
-and with ``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The measurements
+with a prior on each (``prior_factor``: within that factor of ``host_fit.RUNTIME_START``), and with
+``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The measurements
 (and the design) go to ``measurements``, read back by ``fit_only``; the preset, every figure with its source and
 relative standard error, the fit's summary and the command, to ``--out``: a ``--machine_file`` of ``run_sprint.py``,
 ``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py``.
@@ -351,7 +352,8 @@ def fit(config, measurements):
     k = config.calibration
     fixed = {f: host_fit.FIXED[f] for f in (host_fit.FIXED if not k.fix_undetermined else host_fit.ALWAYS_FIXED)}
     return host_fit.fit_all(start, host, net, steps=steps, allreduces=ars, runs=runs, step_cores=cores,
-                            input_draws=draws, fixed=fixed, fix_undetermined=bool(k.fix_undetermined))
+                            input_draws=draws, fixed=fixed, fix_undetermined=bool(k.fix_undetermined),
+                            prior_factor=float(k.prior_factor) or None)
 
 
 def save_preset(path, result, command, measurements_path):
@@ -392,7 +394,7 @@ def save_preset(path, result, command, measurements_path):
 
 def main(argv):
     from experiments import studies
-    from jaxsprint.errors import ConfigError, check
+    from jaxsprint.errors import ConfigError, check, is_real
     from jaxsprint.calibration import model_fit
 
     if len(argv) > 1:
@@ -410,6 +412,8 @@ def main(argv):
               "False with fit_only or runs_from (it times this machine against stored measurements)")
         check_speed(config, meas_path)
         return
+    check(is_real(k.prior_factor) and (k.prior_factor == 0 or 1 < k.prior_factor <= 1e6),
+          "config.calibration.prior_factor", k.prior_factor, "0 (no prior) or a factor in (1, 1e6]")
     cli.check_output_file("--out", out)
     given_runs = runs_from(k.runs_from) if k.runs_from else None  # read and checked before anything
     if not k.fit_only or given_runs is not None:  # the measurements are written

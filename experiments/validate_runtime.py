@@ -10,28 +10,24 @@ r"""The SPRINT model judged against the real runtime over a grid of configuratio
   python experiments/validate_runtime.py ...the same... --config.validation.repeat_of=runs/held_out \
       --out=runs/held_out_again    # the same draw again, each run also against its earlier measurement
 
-The config (``experiments/configs/validate_runtime.py``, the default of ``--config``) is the SPRINT config of
-every run with ``config.validation`` (``validation.<field>`` below): the grid and the predictions. Each
-configuration (hosts x learners per host, sub-batch, emulated network time; the grid spans T_u/T_c from about
-0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on loopback for two hosts,
-jax.distributed with gloo; each process gets one fake CPU device per learner and, with ``updater_device=own``,
-the default, one more for its updater), long enough for at least ``min_gradients`` gradients and
-``min_updates`` updates after the warm-up: the duration comes from the model's specs estimate of T_c and T_u
-(the ``machine`` preset), and a run that falls short is repeated once, longer. Writes to --out: ``runs/<name>/``
-(each run's workdir, stdout and stderr), ``results.json``, ``results.csv``, ``summary.md`` (errors per
-configuration, their medians and 90th percentiles, from timings and from specs), ``errors.png`` and
-``config.json`` (the resolved config), with ``grid=random`` also per updater placement. Quiet machine only.
+The config (``experiments/configs/validate_runtime.py``) is the SPRINT config of every run with
+``config.validation``: the grid and the predictions. Each configuration (hosts x learners per host, sub-batch,
+emulated network time; T_u/T_c about 0.1 to 10) is one run of experiments/run_sprint.py --json (two processes on
+loopback for two hosts, jax.distributed with gloo; one fake CPU device per learner and, with
+``updater_device=own``, one more for the updater), long enough for ``min_gradients`` gradients and
+``min_updates`` updates after the warm-up by the ``machine`` preset's estimate (a run that falls short is
+repeated once, longer). Writes to --out: ``runs/<name>/`` (workdir, stdout, stderr), ``results.json``,
+``results.csv``, ``summary.md`` (errors per configuration, medians and 90th percentiles from timings and from
+specs, per placement with ``grid=random``, and the learner cycle from specs over all runs), ``errors.png`` and
+``config.json``. Quiet machine only.
 
-The specs prediction (``specs``): ``loo`` (the default) predicts each run with the preset whose runtime figures
-are refitted to the OTHER runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset``
-(the default of ``grid=random``: ``jaxsprint.calibration.grids.draw``) uses the preset as it is.
-``--reanalyse`` runs nothing: it re-reads every saved ``runs/<name>/events.npz`` under --out and recomputes
-both predictions with the current model and preset (the specs one from the config with the overrides saved in
-``results.json``). ``repeat_of`` (an earlier --out of the same grid) adds the source ``repeat``: each run's
-statistics against the earlier measurement of its configuration, how far this machine repeats itself. The
-``--config.<field>`` overrides outside ``config.validation`` are passed to every run (not those of the fields a
-grid entry sets: ``learners_per_host``, ``sub_batch``, ``network_time_s``, the stops and the warm-up), and
-every run's config is checked before the first starts.
+The specs prediction (``specs``): ``loo`` (the default) predicts each run with the preset refitted to the OTHER
+runs of the grid (:func:`jaxsprint.calibration.host_fit.cross_validate`); ``preset`` (the default of
+``grid=random``: ``jaxsprint.calibration.grids.draw``) uses the preset as it is. ``--reanalyse`` re-reads every
+saved ``runs/<name>/events.npz`` under --out and recomputes both predictions with the current model and preset.
+``repeat_of`` (an earlier --out of the same grid) adds the source ``repeat``: each run against the earlier
+measurement of its configuration. The ``--config.<field>`` overrides outside ``config.validation`` are passed to
+every run (not the fields a grid entry sets), and every run's config is checked before the first starts.
 """
 import copy
 import csv
@@ -160,6 +156,14 @@ def summarize_by_placement(rows: list[dict]) -> dict | None:
         else None
 
 
+def specs_cycle_shift(rows: list[dict]) -> float:
+    """:func:`jaxsprint.calibration.compare.cycle_shift` of the runs' learner cycles from specs (NaN without)."""
+    from jaxsprint.calibration import compare
+    pairs = [(r["measured"]["t_compute_s"], r["predicted_from_specs"]["t_compute_s"]) for r in rows
+             if r.get("predicted_from_specs")]
+    return compare.cycle_shift([m for m, _ in pairs], [p for _, p in pairs])
+
+
 def _csv_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
@@ -215,6 +219,10 @@ def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) 
     for source in _sources(rows):
         for stat in ("median", "p90"):
             lines.append(f"| {source} | {stat} of the absolute values | {_stat_cells(summary, source, stat)} |")
+    shift = specs_cycle_shift(rows)
+    if math.isfinite(shift):
+        lines += ["", f"From specs, the learner cycle over all runs: {_pct(shift)} (geometric mean of predicted over "
+                      "measured; a change of the machine's speed since the calibration moves every run alike)."]
     if by_placement:
         lines += ["", "| updater placement (runs) | source | statistic | " + " | ".join(label for label, _ in _METRICS)
                   + " |", "|---|---|---|" + "---|" * len(_METRICS)]
@@ -376,8 +384,9 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
 
 def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str]) -> None:
     """results.json, results.csv, summary.md and errors.png of the rows; prints the summary."""
-    summary, by_placement = summarize(rows), summarize_by_placement(rows)
-    data = {"runs": rows, "failures": failures, "summary": summary, "overrides": overrides}
+    summary, by_placement, shift = summarize(rows), summarize_by_placement(rows), specs_cycle_shift(rows)
+    data = {"runs": rows, "failures": failures, "summary": summary, "overrides": overrides,
+            "specs_learner_cycle_shift": shift if math.isfinite(shift) else None}
     if by_placement:
         data["summary_by_placement"] = by_placement
     with open(os.path.join(out, "results.json"), "w") as fh:

@@ -4,7 +4,9 @@ A draw of 24 holds 12 configurations per updater placement, and its 90th percent
 error: two or more draws against the same preset (other ``random_seed``\ s) judge the preset on more. This reads
 each ``<out>/results.json`` and ``<out>/config.json``, refuses draws against different presets, and prints per
 placement the median and 90th percentile of the absolute errors (epoch time, mean mini-batch, mean staleness)
-from specs and from timings over all their runs, then whether the bar holds: from specs every median within
+from specs and from timings over all their runs (and each draw's learner cycle from specs against the measured
+one, geometric mean: a machine faster or slower than at its calibration moves a whole draw), then whether the
+bar holds: from specs every median within
 ``--median_bar`` and every 90th percentile within ``--p90_bar``, for each placement.
 
   .venv/bin/python scripts/pool_draws.py --out=runs/val_r26,runs/val_r27
@@ -84,6 +86,14 @@ def main(argv: list[str]) -> None:
     runs = [r for _, _, rs in draws for r in rs]
     pooled = pool(runs)
     print(f"{len(draws)} draws against {presets[0]}, {len(runs)} runs")
+    from jaxsprint.calibration import compare
+    for out, _, rs in draws:  # a speed change between calibration and draw moves every run of that draw alike
+        pairs = [(r["measured"]["t_compute_s"], r["predicted_from_specs"]["t_compute_s"]) for r in rs
+                 if r.get("predicted_from_specs")]
+        shift = compare.cycle_shift([m for m, _ in pairs], [p for _, p in pairs])
+        if pairs:
+            print(f"{out}: the learner cycle from specs {100 * shift:+.1f}% over its {len(pairs)} runs "
+                  "(geometric mean)")
     print("| placement (runs) | source | statistic | " + " | ".join(label for label, _ in KEYS) + " |")
     print("|---|---|---|" + "---|" * len(KEYS))
     for where, part in pooled.items():

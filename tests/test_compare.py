@@ -159,6 +159,15 @@ def test_summarize_errors_takes_absolute_values_and_skips_missing_runs():
     assert math.isnan(compare.summarize_errors([None])["minibatch_tv"]["median"])
 
 
+def test_cycle_shift_is_the_geometric_mean_ratio_and_skips_what_is_not_a_time():
+    # Every run 10% longer than measured: +10%, whatever the cycles' lengths.
+    assert compare.cycle_shift([0.002, 0.05, 0.3], [0.0022, 0.055, 0.33]) == pytest.approx(0.10)
+    # One run twice as long, one half as long: they cancel (a ratio, not a difference).
+    assert compare.cycle_shift([0.01, 0.01], [0.02, 0.005]) == pytest.approx(0.0, abs=1e-12)
+    assert compare.cycle_shift([0.01, 0.0, math.nan, 0.01], [0.011, 0.02, 0.02, None]) == pytest.approx(0.1)
+    assert math.isnan(compare.cycle_shift([], [])) and math.isnan(compare.cycle_shift([0.0], [1.0]))
+
+
 def test_a_shifted_updater_cycle_is_found_and_used():
     # Cycles of a fixed 0.3 s plus a bursty gamma tail (whole cycle: mean 0.5 s, cv 0.6, tail cv 1.5).
     ev = events.simulate_log(4, 1.0, 0.5, 0.3, 0.6, duration_s=10_000.0, warmup_s=5.0, sub_batch=8,

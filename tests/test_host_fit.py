@@ -199,6 +199,28 @@ def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
             assert se <= rc.UNDETERMINED_RSE and f not in r.at_bound, (f, se)
 
 
+def test_a_prior_holds_what_the_runs_do_not_see_at_its_center_and_gives_way_to_what_they_pin():
+    """With ``prior_factor`` a figure no run sees ends at its RUNTIME_START value, the runs are still fitted
+    within 5%, and fit_all then holds only figures on a bound."""
+    runs = list(_true_runs())  # the updater on its own device: no run sees the shared-device waits
+    fields = [f for f in rc._constrained(rc.RUNTIME_FIELDS, runs)] + ["updater_shared_sleep_wait"]
+    plain = rc.fit_runtime(*START, NET, runs, fields=fields, fit_cvs=False)
+    assert plain.rel_std_error["updater_shared_sleep_wait"] == float("inf")
+    r = rc.fit_runtime(*START, NET, runs, fields=fields, fit_cvs=False, prior_factor=3.0)
+    assert r.fitted["updater_shared_sleep_wait"] == pytest.approx(rc.RUNTIME_START["updater_shared_sleep_wait"],
+                                                                  rel=1e-3)
+    assert r.rel_std_error["updater_shared_sleep_wait"] < 10  # the prior's width, not the runs'
+    assert np.max(np.abs(r.compute_errors)) < 0.05 and np.max(np.abs(r.update_errors)) < 0.05
+    with raises_invalid("prior_factor", 1.0, "a number > 1"):
+        rc.fit_runtime(*START, NET, runs, prior_factor=1.0)
+    rng = np.random.default_rng(0)  # noisy runs: fix_undetermined holds only what ends on a bound
+    noisy = [rc.RuntimeRun(**{**x.__dict__, "t_compute_s": x.t_compute_s * float(np.exp(rng.normal(0, 0.05))),
+                              "t_update_s": x.t_update_s * float(np.exp(rng.normal(0, 0.05)))}) for x in runs]
+    r = rc.fit_all(*START, NET, runs=noisy, fix_undetermined=True, prior_factor=3.0)
+    for f, d in r.stages.get("fixed", {}).items():
+        assert "bound" in d["reason"], (f, d["reason"])
+
+
 # Lone steps (ms) at sub-batch 8-128 measured on a 2-core machine, the largest slower than linear: no
 # memory-bound part and no small-batch slowdown shows in them.
 MEASURED_STEPS_MS = (2.42, 4.62, 8.50, 15.19, 34.51)

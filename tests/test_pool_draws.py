@@ -15,13 +15,17 @@ def _run(*args):
                           text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
-def _draw(path, preset, errors):
+def _draw(path, preset, errors, speed=None):
     """A draw as validate_runtime.py writes it: ``errors`` is ``(placement, epoch, mini-batch, staleness)``
-    relative errors from specs (from timings a tenth of them)."""
+    relative errors from specs (from timings a tenth of them); with ``speed``, learner cycles from specs that
+    many times the measured ones."""
     os.makedirs(path)
     keys = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error")
     runs = [dict(name=f"r{i:02d}", updater_device=where, errors_from_specs=dict(zip(keys, e)),
                  errors_from_timings={k: v / 10 for k, v in zip(keys, e)}) for i, (where, *e) in enumerate(errors)]
+    for i, r in enumerate(runs if speed else []):
+        tc = 0.004 * (i + 1)
+        r["measured"], r["predicted_from_specs"] = dict(t_compute_s=tc), dict(t_compute_s=tc * speed)
     with open(os.path.join(path, "results.json"), "w") as fh:
         json.dump(dict(runs=runs, failures=[]), fh)
     with open(os.path.join(path, "config.json"), "w") as fh:
@@ -36,10 +40,12 @@ def test_pool_draws_pools_per_placement_and_names_the_misses(tmp_path):
     shared = rng.uniform(-0.1, 0.1, (10, 3))
     a, b = tmp_path / "a", tmp_path / "b"
     _draw(a, "p.json", [("own", *e) for e in own[:5]] + [("shared", *e) for e in shared[:5]])
-    _draw(b, "p.json", [("own", *e) for e in own[5:]] + [("shared", *e) for e in shared[5:]])
+    _draw(b, "p.json", [("own", *e) for e in own[5:]] + [("shared", *e) for e in shared[5:]], speed=1.082)
     r = _run(f"--out={a},{b}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2 draws against p.json, 20 runs" in r.stdout
+    # Each draw's learner cycle from specs over the measured one (a has none: no line).
+    assert f"{b}: the learner cycle from specs +8.2% over its 10 runs" in r.stdout and f"{a}:" not in r.stdout
     for where, e in (("own", own), ("shared", shared)):
         for stat, q in (("median", 50), ("p90", 90)):
             want = " | ".join(f"{100 * v:.1f}%" for v in np.percentile(np.abs(e), q, axis=0))

@@ -2,6 +2,7 @@
 and bad config values (exit 2, one line, nothing written)."""
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -86,6 +87,10 @@ def test_reanalyse_rewrites_the_tables_from_saved_logs(tmp_path):
         c = run["count_coupling"]  # independent learners: the count follows the cycle, any window alike
         assert c["slope_ratio"] == pytest.approx(1.0, abs=0.2) and c["variance_ratio"] == pytest.approx(1.0, abs=0.2)
     assert "random windows" in (out / "summary.md").read_text()
+    shift = data["specs_learner_cycle_shift"]  # the learner cycles from specs against the logs' (1.0 s)
+    ratios = [run["predicted_from_specs"]["t_compute_s"] / run["measured"]["t_compute_s"] for run in data["runs"]]
+    assert shift == pytest.approx(math.sqrt(ratios[0] * ratios[1]) - 1, rel=1e-6)
+    assert f"From specs, the learner cycle over all runs: {100 * shift:+.1f}%" in (out / "summary.md").read_text()
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
     assert (out / "errors.png").stat().st_size > 0
     assert data["overrides"] == ["--config.model=tiny", "--config.image_size=8"]

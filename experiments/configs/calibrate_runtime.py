@@ -52,7 +52,11 @@ def get_config() -> ml_collections.ConfigDict:
     k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
     k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner
     k.run_timeout_s = 300.0         # design: stop a series' processes after this long per run in it (s)
-    k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values
+    k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values (with
+    #                                 prior_factor: those the fit ends on a bound)
+    k.prior_factor = 0.0            # > 1: each runtime figure's prior, within this factor of
+    #                                 host_fit.RUNTIME_START (one standard deviation in log); 0: none. Off: held
+    #                                 out it did not help yet (docs/calibration.md, "A prior on the runtime figures")
     k.learners = (1, 2, 4, 8)       # learner counts of the runtime runs
     k.network_times = (0.0, 0.02)   # emulated network times of the runs (s)
     k.run_sub_batch = 32            # sub-batch of the runtime runs

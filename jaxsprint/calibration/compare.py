@@ -26,9 +26,9 @@ import numpy as np
 
 from jaxsprint.errors import ConfigError
 
-__all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "format_table", "jsonable", "network_cost",
-           "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_cycles", "spec_times",
-           "summarize_errors", "tv_distance", "tv_floor", "two_moment_tv", "update_shift"]
+__all__ = ["ERROR_KEYS", "MEASURED_KEYS", "REPORT_KEYS", "compare", "cycle_shift", "format_table", "jsonable",
+           "network_cost", "plot", "predict", "predict_from_specs", "predict_from_timings", "report", "spec_cycles",
+           "spec_times", "summarize_errors", "tv_distance", "tv_floor", "two_moment_tv", "update_shift"]
 
 ERROR_KEYS = ("epoch_time_rel_error", "mean_minibatch_rel_error", "mean_staleness_rel_error", "minibatch_tv",
               "staleness_tv", "minibatch_tv_floor", "staleness_tv_floor", "minibatch_tv_two_moment")
@@ -498,3 +498,13 @@ def summarize_errors(errors: list[Mapping[str, float] | None]) -> dict[str, dict
         out[key] = {"median": float(np.percentile(v, 50)) if v else math.nan,
                     "p90": float(np.percentile(v, 90)) if v else math.nan, "n": len(v)}
     return out
+
+
+def cycle_shift(measured: list[float], predicted: list[float]) -> float:
+    """How much longer the predicted cycles are than the measured ones over runs: ``exp(mean log(p / m)) - 1``
+    (NaN where no pair is finite and > 0). Of a draw's learner cycles from specs, it is the share by which the
+    machine ran faster than during its calibration, plus the form's mean error: a speed change moves every run
+    alike (docs/calibration.md)."""
+    logs = [math.log(p / m) for m, p in zip(measured, predicted)
+            if m is not None and p is not None and math.isfinite(m) and math.isfinite(p) and m > 0 and p > 0]
+    return math.expm1(sum(logs) / len(logs)) if logs else math.nan

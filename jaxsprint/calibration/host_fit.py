@@ -18,7 +18,9 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
    ``updater_cv``) as medians of the measured cvs.
 
 Figures the calibration runs cannot determine are held fixed (:data:`FIXED`, each with its reason) instead
-of fitted; every fitted figure is reported with its relative standard error. The stages' details and the
+of fitted; every fitted figure is reported with its relative standard error. With ``prior_factor``, stage 3 is
+a maximum a posteriori fit: each figure also within that factor of :data:`RUNTIME_START` (one standard
+deviation in log), so that a figure the runs barely see stays near it instead of wandering or being held at 0. The stages' details and the
 measured figures behind them: ``docs/sprint-runtime.md`` and ``docs/fitting.md``.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 from jaxsprint.errors import check
 from jaxsprint.calibration import host as hostfig
 from jaxsprint.calibration import measurements
+from jaxsprint.calibration.measurements import MIN_SPLIT_CYCLES, RuntimeRun
 from jaxsprint.calibration import model_fit as calib
 from jaxsprint.calibration.host import HostFigures
 from jaxsprint.perf import fit as lsq
@@ -41,9 +44,10 @@ from jaxsprint.perf import machines
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "NETWORK_FIELDS",
-           "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START", "SHARED_DEVICE_FIELDS",
-           "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE", "RuntimeFit",
+__all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "MIN_SPLIT_CYCLES",
+           "NETWORK_FIELDS", "PRIOR_RUN_ERROR", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START",
+           "SHARED_DEVICE_FIELDS", "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE",
+           "RuntimeFit",
            "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "predict_runs",
            "sensitivities", "with_figures"]
 
@@ -84,6 +88,9 @@ RUNTIME_START = {"learner_overhead_s": 2e-3, "learner_step_cores": 1.5, "learner
                  "learner_updater_stretch": 0.3, "updater_sync_per_learner_s": 1e-3, "updater_apply_core_wait_s": 3e-4,
                  "updater_wake_share": 0.5, "learner_shared_wait": 0.5, "updater_shared_sleep_wait": 0.3,
                  "host_memory_bandwidth_bytes_per_s": 2e9}
+# The log-error of a run's cycle mean a prior's standard deviation is weighed against: the calibrations' runs
+# fit to 6-10% (median, docs/calibration.md).
+PRIOR_RUN_ERROR = 0.1
 HOSTS_ONLY_FIELDS = ("updater_hosts_stretch", "updater_sync_per_learner_s", "updater_shared_allreduce_wait")  # >1 host
 SHARED_ONLY_FIELDS = ("updater_shared_wait", "updater_shared_allreduce_wait")  # the device of one of 2+ learners
 SHARED_DEVICE_FIELDS = ("learner_shared_wait",)  # a learner's device shared with the updater (any N_h)
@@ -91,8 +98,6 @@ SHARED_SLEEP_FIELDS = ("updater_shared_sleep_wait",)  # one host's updater on a 
 # A fitted figure whose relative standard error exceeds this (or that ends on a bound) is not determined: stage 1
 # and fit_all(fix_undetermined=True) hold it at its neutral value (host.NEUTRAL, 0: the term off), fit the rest.
 UNDETERMINED_RSE = 1.0
-# A run's two kinds of updater cycle (empty, applying) enter the fit where each kind has this many cycles.
-MIN_SPLIT_CYCLES = 30
 # Figures a calibration's data may not determine, each with its value and reason (which becomes its source):
 # experiments/calibrate_runtime.py always holds those of ALWAYS_FIXED, the rest with fix_undetermined=False.
 FIXED = {
@@ -115,66 +120,6 @@ FIXED = {
 ALWAYS_FIXED = ("step_overhead_s", "updater_lock_waits")
 _COMPUTE_BOUNDS = {"efficiency_fwd": (1e-3, 4.0), "half_efficiency_batch": (0.1, 1e3),
                    "memory_bandwidth_bytes_per_s": (1e9, 1e13), "step_overhead_s": (1e-6, 1.0)}
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeRun:
-    """One measured run of the runtime (its statistics after the warm-up).
-
-    Attributes:
-      learners_per_host: Learner threads per host.
-      hosts: Processes (1: no all-reduce).
-      sub_batch: Samples per gradient.
-      network_time_s: Emulated network time of every updater cycle.
-      t_compute_s: Measured mean learner cycle, start to start (:func:`jaxsprint.runtime.events.statistics`).
-      t_update_s: Measured mean updater cycle.
-      t_compute_cv, t_update_cv: Their coefficients of variation (0 if not measured).
-      label: Name for tables.
-      updater_device: ``shared`` (the updater's programs on the first learner's device) or ``own``.
-      t_update_empty_s, t_update_applying_s: Measured mean of the updater cycles that gathered no gradient,
-        of those that applied an update (0: not measured); ``empty_cycles``, ``applying_cycles``: over how many.
-    """
-
-    learners_per_host: int
-    hosts: int
-    sub_batch: int
-    network_time_s: float
-    t_compute_s: float
-    t_update_s: float
-    t_compute_cv: float = 0.0
-    t_update_cv: float = 0.0
-    label: str = ""
-    updater_device: str = "own"
-    t_update_empty_s: float = 0.0
-    t_update_applying_s: float = 0.0
-    empty_cycles: int = 0
-    applying_cycles: int = 0
-
-    @classmethod
-    def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
-        """From a JSON record with these keys (extra keys ignored; a record without ``updater_device`` is one of
-        validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device).
-        With ``images_per_s``, ``t_compute_s`` is its mean, ``N b / images_per_s``, from the completions: records
-        of before the start-to-start cycle left each gradient's hand-off to the buffer out of ``t_compute_s``."""
-        where = str(r.get("updater_device") or "own")
-        check(where in ("shared", "own"), "updater_device", where, "shared or own (a runtime run's record)")
-        def optional(key, kind):  # absent or None (NaN in the JSON): not measured
-            v = r.get(key)
-            return kind(v) if v is not None and math.isfinite(float(v)) else kind(0)
-        n, h, b, rate = int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]), optional(
-            "images_per_s", float)
-        tc = n * h * b / rate if rate > 0 else float(r["t_compute_s"])
-        return cls(n, h, b, float(r.get("network_time_s", 0.0)), tc, float(r["t_update_s"]),
-                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
-                   where, optional("t_update_empty_s", float), optional("t_update_applying_s", float),
-                   optional("empty_cycles", int), optional("applying_cycles", int))
-
-    def split_weights(self) -> tuple[float, float]:
-        """Whether the fit uses this run's mean empty and mean applying cycle (1) or not (0): both kinds measured,
-        each over at least :data:`MIN_SPLIT_CYCLES` cycles (with one kind alone its mean is ``T_u``)."""
-        both = (min(self.empty_cycles, self.applying_cycles) >= MIN_SPLIT_CYCLES
-                and self.t_update_empty_s > 0 and self.t_update_applying_s > 0)
-        return (1.0, 1.0) if both else (0.0, 0.0)
 
 
 @dataclasses.dataclass
@@ -304,7 +249,8 @@ def _check_runs(runs: Sequence[RuntimeRun]) -> None:
 
 def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs: Sequence[RuntimeRun], *,
                 fields: Sequence[str] | None = None, bounds: dict[str, tuple[float, float]] | None = None,
-                co_located: bool = True, max_nfev: int | None = None, fit_cvs: bool = True) -> RuntimeFit:
+                co_located: bool = True, max_nfev: int | None = None, fit_cvs: bool = True,
+                prior_factor: float | None = None) -> RuntimeFit:
     """Stage 3 of :func:`fit_all`: the sharing and updater figures from measured runs (module docstring).
 
     Args:
@@ -318,6 +264,9 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
       co_located: The hosts of multi-host runs were processes of this machine.
       max_nfev: Residual evaluations per start at most (None: :func:`jaxsprint.perf.fit.least_squares`').
       fit_cvs: Also set ``learner_cv`` and ``updater_cv`` from the runs' measured cvs.
+      prior_factor: Each figure's prior, within this factor (> 1) of :data:`RUNTIME_START` (the machine's
+        figure where it has none) as one standard deviation in log, weighed against a run's log-error of
+        :data:`PRIOR_RUN_ERROR` (None: no prior, least squares).
 
     Returns:
       :class:`RuntimeFit`.
@@ -356,9 +305,16 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
     # bound, where the form is flat in it and the descent can stall): the lower cost wins.
     starts = [start(lambda f: figure(machine, host, f)),
               start(lambda f: RUNTIME_START.get(f, figure(machine, host, f)))]
-    res = lsq.least_squares(_residuals, np.stack(starts), args=args, jac=_jacobian, bounds=(lo, hi),
-                            max_nfev=max_nfev, bound_tol=0.03,  # the weights: the unused split rows are not data
-                            weights=np.concatenate([np.ones(2 * len(runs)), weights]))
+    fun, jac, rows = _residuals, _jacobian, np.concatenate([np.ones(2 * len(runs)), weights])
+    if prior_factor is not None:
+        check(math.isfinite(prior_factor) and prior_factor > 1, "prior_factor", prior_factor, "a number > 1")
+        center = np.asarray([math.log(min(max(float(RUNTIME_START.get(f, figure(machine, host, f))) or bounds[f][0],
+                                              bounds[f][0]), bounds[f][1])) for f in fields])
+        w = PRIOR_RUN_ERROR / math.log(prior_factor)
+        fun, jac = _with_prior(center, w), _with_prior(center, w, jacobian=True)
+        rows = np.concatenate([rows, np.ones(len(fields))])
+    res = lsq.least_squares(fun, np.stack(starts), args=args, jac=jac, bounds=(lo, hi), max_nfev=max_nfev,
+                            bound_tol=0.03, weights=rows)  # the weights: the unused split rows are not data
     r = res.residuals
     fitted_machine, fitted_host = _with(machine, host, {f: jnp.float32(math.exp(res.x[i]))
                                                         for i, f in enumerate(fields)})
@@ -370,6 +326,18 @@ def fit_runtime(machine: Machine, host: HostFigures, network: NetworkCost, runs:
     rse, at_bound = _standard_errors(res, fields)
     return RuntimeFit(fitted_machine, fitted_host, fitted, np.expm1(r[:n]), np.expm1(r[n:2 * n]), res.cost / n,
                       rel_std_error=rse, at_bound=at_bound)
+
+
+def _with_prior(center: np.ndarray, weight: float, jacobian: bool = False):
+    """The residuals (or their Jacobian) of :func:`_log_residuals` with the prior's rows after them:
+    ``weight (log theta - center)``."""
+    def residuals(log_theta, *args):
+        x = np.asarray(log_theta, np.float64)
+        if jacobian:
+            return np.vstack([np.asarray(_jacobian(log_theta, *args), np.float64), weight * np.eye(len(x))])
+        return np.concatenate([np.asarray(_residuals(log_theta, *args), np.float64), weight * (x - center)])
+
+    return residuals
 
 
 def _standard_errors(res: lsq.LeastSquaresFit, fields: Sequence[str]) -> tuple[dict[str, float], list[str]]:
@@ -518,7 +486,7 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
             allreduces: Sequence[calib.AllreduceTiming] = (), runs: Sequence[RuntimeRun] = (),
             step_cores: float | None = None, input_draws: Sequence[tuple[int, Sequence[float]]] = (),
             co_located: bool = True, seed: int = 0, fixed: dict[str, tuple[float, str]] | None = None,
-            fix_undetermined: bool = False) -> RuntimeFit:
+            fix_undetermined: bool = False, prior_factor: float | None = None) -> RuntimeFit:
     """All three stages (module docstring); a stage without measurements is skipped.
 
     Args:
@@ -538,6 +506,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
         error above :data:`UNDETERMINED_RSE`, or on a bound: on its lower one the form is flat; the worst first)
         at its neutral value (0 for ``updater_overhead_s``; one on its upper bound, the form's limit, where it
         is) and fit the rest again, until every fitted figure is determined; ``stages["fixed"]`` has the reasons.
+        With ``prior_factor`` only those on a bound: the prior determines the rest.
+      prior_factor: Stage 3's prior (:func:`fit_runtime`; None: none).
 
     Returns:
       :class:`RuntimeFit` of the whole (``fitted`` holds every stage's figures, ``stages`` their
@@ -553,12 +523,13 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
                                                         step_cores=step_cores, input_draws=input_draws, seed=seed,
                                                         fixed=fixed)
     fields = _constrained([f for f in RUNTIME_FIELDS if f not in fixed], runs)
-    res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+    res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located,
+                      prior_factor=prior_factor)
     while fix_undetermined:
         # On its lower bound a term is off, and the form flat in it.
         low = {f for f in res.at_bound if res.fitted[f] <= RUNTIME_BOUNDS.get(f, (0.0,))[0] * 1.05}
         loose = [f for f in res.rel_std_error if f in RUNTIME_FIELDS and f != STEP_CORES_FIELD and (
-            f in res.at_bound or not res.rel_std_error[f] <= UNDETERMINED_RSE)]
+            f in res.at_bound or (prior_factor is None and not res.rel_std_error[f] <= UNDETERMINED_RSE))]
         if not loose:
             break
         worst = max(loose, key=lambda f: (f in low, f in res.at_bound, res.rel_std_error[f]))
@@ -575,7 +546,8 @@ def fit_all(machine: Machine, host: HostFigures, network: NetworkCost, *, steps:
                                    f"it (fitted, it was {res.fitted[worst]:.4g}, {why})")
         m, host = _with(m, host, {worst: jnp.float32(value)})
         fields = [f for f in fields if f != worst]
-        res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located)
+        res = fit_runtime(m, host, network, runs, fields=fields[:2 * len(runs)], co_located=co_located,
+                          prior_factor=prior_factor)
     fitted.update(res.fitted)
     rse.update(res.rel_std_error)
     at_bound += res.at_bound

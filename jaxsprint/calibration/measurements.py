@@ -1,4 +1,5 @@
-"""Measurement files, the calibration's input: measured step and all-reduce timings, read and checked.
+"""Measurement files, the calibration's input: measured step and all-reduce timings and runtime runs
+(:class:`RuntimeRun`, as the fit takes them), read and checked.
 
 A measurement file is read by :func:`load_measurements` into plain records, which :func:`step_timings` and
 :func:`allreduce_timings` turn into the inputs of :func:`jaxsprint.calibration.model_fit.fit`. Two layouts
@@ -13,6 +14,7 @@ are read:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any, Sequence
@@ -26,7 +28,11 @@ from jaxsprint.perf import zoo
 from jaxsprint.perf.networks import NetworkCost
 from jaxsprint.perf.presets import WRITER, read_json
 
-__all__ = ["allreduce_timings", "gradient_step_seconds", "input_per_sample", "load_measurements", "step_timings"]
+__all__ = ["MIN_SPLIT_CYCLES", "RuntimeRun", "allreduce_timings", "gradient_step_seconds", "input_per_sample",
+           "load_measurements", "step_timings"]
+
+# A run's two kinds of updater cycle (empty, applying) enter the fit where each kind has this many cycles.
+MIN_SPLIT_CYCLES = 30
 
 # Update passes over the 4P parameter bytes inside a timed step: momentum SGD reads the gradient and reads and
 # writes the momentum and the weights (5); plain SGD reads the gradient and reads and writes the weights (3).
@@ -177,3 +183,63 @@ def input_per_sample(draws: Sequence[tuple[int, Sequence[float]]]) -> tuple[floa
     slope = max(float(line.slope), 0.0)
     rse = float(line.stderr) / slope if slope > 0 and len(b) > 2 else math.inf
     return slope, rse
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeRun:
+    """One measured run of the runtime (its statistics after the warm-up).
+
+    Attributes:
+      learners_per_host: Learner threads per host.
+      hosts: Processes (1: no all-reduce).
+      sub_batch: Samples per gradient.
+      network_time_s: Emulated network time of every updater cycle.
+      t_compute_s: Measured mean learner cycle, start to start (:func:`jaxsprint.runtime.events.statistics`).
+      t_update_s: Measured mean updater cycle.
+      t_compute_cv, t_update_cv: Their coefficients of variation (0 if not measured).
+      label: Name for tables.
+      updater_device: ``shared`` (the updater's programs on the first learner's device) or ``own``.
+      t_update_empty_s, t_update_applying_s: Measured mean of the updater cycles that gathered no gradient,
+        of those that applied an update (0: not measured); ``empty_cycles``, ``applying_cycles``: over how many.
+    """
+
+    learners_per_host: int
+    hosts: int
+    sub_batch: int
+    network_time_s: float
+    t_compute_s: float
+    t_update_s: float
+    t_compute_cv: float = 0.0
+    t_update_cv: float = 0.0
+    label: str = ""
+    updater_device: str = "own"
+    t_update_empty_s: float = 0.0
+    t_update_applying_s: float = 0.0
+    empty_cycles: int = 0
+    applying_cycles: int = 0
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> "RuntimeRun":
+        """From a JSON record with these keys (extra keys ignored; a record without ``updater_device`` is one of
+        validate_runtime's fixed grids of before the field, whose runs all had the updater on its own device).
+        With ``images_per_s``, ``t_compute_s`` is its mean, ``N b / images_per_s``, from the completions: records
+        of before the start-to-start cycle left each gradient's hand-off to the buffer out of ``t_compute_s``."""
+        where = str(r.get("updater_device") or "own")
+        check(where in ("shared", "own"), "updater_device", where, "shared or own (a runtime run's record)")
+        def optional(key, kind):  # absent or None (NaN in the JSON): not measured
+            v = r.get(key)
+            return kind(v) if v is not None and math.isfinite(float(v)) else kind(0)
+        n, h, b, rate = int(r["learners_per_host"]), int(r.get("hosts", 1)), int(r["sub_batch"]), optional(
+            "images_per_s", float)
+        tc = n * h * b / rate if rate > 0 else float(r["t_compute_s"])
+        return cls(n, h, b, float(r.get("network_time_s", 0.0)), tc, float(r["t_update_s"]),
+                   float(r.get("t_compute_cv", 0.0)), float(r.get("t_update_cv", 0.0)), str(r.get("label", "")),
+                   where, optional("t_update_empty_s", float), optional("t_update_applying_s", float),
+                   optional("empty_cycles", int), optional("applying_cycles", int))
+
+    def split_weights(self) -> tuple[float, float]:
+        """Whether the fit uses this run's mean empty and mean applying cycle (1) or not (0): both kinds measured,
+        each over at least :data:`MIN_SPLIT_CYCLES` cycles (with one kind alone its mean is ``T_u``)."""
+        both = (min(self.empty_cycles, self.applying_cycles) >= MIN_SPLIT_CYCLES
+                and self.t_update_empty_s > 0 and self.t_update_applying_s > 0)
+        return (1.0, 1.0) if both else (0.0, 0.0)
