@@ -199,7 +199,7 @@ def test_fix_undetermined_holds_what_noisy_runs_cannot_pin():
             assert se <= rc.UNDETERMINED_RSE and f not in r.at_bound, (f, se)
 
 
-def test_a_prior_holds_what_the_runs_do_not_see_at_its_center_and_gives_way_to_what_they_pin():
+def test_a_prior_holds_what_the_runs_do_not_see_at_its_center_and_still_fits_the_runs():
     """With ``prior_factor`` a figure no run sees ends at its RUNTIME_START value, the runs are still fitted
     within 5%, and fit_all then holds only figures on a bound."""
     runs = list(_true_runs())  # the updater on its own device: no run sees the shared-device waits
