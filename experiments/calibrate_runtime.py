@@ -22,8 +22,9 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
      ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both cvs),
-with a prior on each (``prior_factor``: within that factor of ``host_fit.RUNTIME_START``), and with
-``fix_undetermined`` holds every figure the runs do not determine at its neutral value. The measurements
+optionally with a prior on each (``prior_factor``, off by default: within that factor of
+``host_fit.RUNTIME_START``), and with ``fix_undetermined`` holds every figure the runs do not determine at its
+neutral value. The measurements
 (and the design) go to ``measurements``, read back by ``fit_only``; the preset, every figure with its source and
 relative standard error, the fit's summary and the command, to ``--out``: a ``--machine_file`` of ``run_sprint.py``,
 ``validate_runtime.py``, ``predict.py``, ``search.py`` and ``plan.py``.

@@ -156,14 +156,6 @@ def summarize_by_placement(rows: list[dict]) -> dict | None:
         else None
 
 
-def specs_cycle_shift(rows: list[dict]) -> float:
-    """:func:`jaxsprint.calibration.compare.cycle_shift` of the runs' learner cycles from specs (NaN without)."""
-    from jaxsprint.calibration import compare
-    pairs = [(r["measured"]["t_compute_s"], r["predicted_from_specs"]["t_compute_s"]) for r in rows
-             if r.get("predicted_from_specs")]
-    return compare.cycle_shift([m for m, _ in pairs], [p for _, p in pairs])
-
-
 def _csv_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
@@ -197,9 +189,10 @@ def _stat_cells(summary: dict, source: str, stat: str) -> str:
     return " | ".join(cells)
 
 
-def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) -> str:
-    """The per-configuration table and the summary (medians, 90th percentiles) in markdown, then the summary of
-    each updater placement (`by_placement`, :func:`summarize_by_placement`) where given."""
+def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None, shift: float = math.nan) -> str:
+    """The per-configuration table and the summary (medians, 90th percentiles) in markdown, the learner cycle's
+    ``shift`` from specs (``compare.cycle_shift``) where finite, then the summary of each updater placement
+    (`by_placement`, :func:`summarize_by_placement`) where given."""
     head = ("| config | T_c ms (cv) | T_u ms (cv) | T_u/T_c | grads | updates | source | epoch | mini-batch | "
             "staleness | TV mini-batch (floor; two-moment) | TV staleness (floor) |")
     lines = [head, "|" + "---|" * 12]
@@ -219,7 +212,6 @@ def markdown(rows: list[dict], summary: dict, by_placement: dict | None = None) 
     for source in _sources(rows):
         for stat in ("median", "p90"):
             lines.append(f"| {source} | {stat} of the absolute values | {_stat_cells(summary, source, stat)} |")
-    shift = specs_cycle_shift(rows)
     if math.isfinite(shift):
         lines += ["", f"From specs, the learner cycle over all runs: {_pct(shift)} (geometric mean of predicted over "
                       "measured; a change of the machine's speed since the calibration moves every run alike)."]
@@ -384,7 +376,9 @@ def reanalyse(out: str, config, machine, overrides: list[str] | None = None, spe
 
 def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str]) -> None:
     """results.json, results.csv, summary.md and errors.png of the rows; prints the summary."""
-    summary, by_placement, shift = summarize(rows), summarize_by_placement(rows), specs_cycle_shift(rows)
+    from jaxsprint.calibration import compare
+
+    summary, by_placement, (shift, _) = summarize(rows), summarize_by_placement(rows), compare.cycle_shift(rows)
     data = {"runs": rows, "failures": failures, "summary": summary, "overrides": overrides,
             "specs_learner_cycle_shift": shift if math.isfinite(shift) else None}
     if by_placement:
@@ -396,7 +390,7 @@ def _write(out: str, rows: list[dict], failures: list[dict], overrides: list[str
         w = csv.DictWriter(fh, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)
-    md = markdown(rows, summary, by_placement)
+    md = markdown(rows, summary, by_placement, shift)
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write(md + "\n")
     plot(os.path.join(out, "errors.png"), rows)

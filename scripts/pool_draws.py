@@ -88,12 +88,9 @@ def main(argv: list[str]) -> None:
     print(f"{len(draws)} draws against {presets[0]}, {len(runs)} runs")
     from jaxsprint.calibration import compare
     for out, _, rs in draws:  # a speed change between calibration and draw moves every run of that draw alike
-        pairs = [(r["measured"]["t_compute_s"], r["predicted_from_specs"]["t_compute_s"]) for r in rs
-                 if r.get("predicted_from_specs")]
-        shift = compare.cycle_shift([m for m, _ in pairs], [p for _, p in pairs])
-        if pairs:
-            print(f"{out}: the learner cycle from specs {100 * shift:+.1f}% over its {len(pairs)} runs "
-                  "(geometric mean)")
+        shift, n = compare.cycle_shift(rs)
+        if n:
+            print(f"{out}: the learner cycle from specs {100 * shift:+.1f}% over its {n} runs (geometric mean)")
     print("| placement (runs) | source | statistic | " + " | ".join(label for label, _ in KEYS) + " |")
     print("|---|---|---|" + "---|" * len(KEYS))
     for where, part in pooled.items():

@@ -160,12 +160,20 @@ def test_summarize_errors_takes_absolute_values_and_skips_missing_runs():
 
 
 def test_cycle_shift_is_the_geometric_mean_ratio_and_skips_what_is_not_a_time():
+    def runs(measured, predicted):  # records as validate_runtime.py writes them
+        return [dict(measured=dict(t_compute_s=m), predicted_from_specs=dict(t_compute_s=p))
+                for m, p in zip(measured, predicted)]
+
     # Every run 10% longer than measured: +10%, whatever the cycles' lengths.
-    assert compare.cycle_shift([0.002, 0.05, 0.3], [0.0022, 0.055, 0.33]) == pytest.approx(0.10)
+    shift, n = compare.cycle_shift(runs([0.002, 0.05, 0.3], [0.0022, 0.055, 0.33]))
+    assert shift == pytest.approx(0.10) and n == 3
     # One run twice as long, one half as long: they cancel (a ratio, not a difference).
-    assert compare.cycle_shift([0.01, 0.01], [0.02, 0.005]) == pytest.approx(0.0, abs=1e-12)
-    assert compare.cycle_shift([0.01, 0.0, math.nan, 0.01], [0.011, 0.02, 0.02, None]) == pytest.approx(0.1)
-    assert math.isnan(compare.cycle_shift([], [])) and math.isnan(compare.cycle_shift([0.0], [1.0]))
+    assert compare.cycle_shift(runs([0.01, 0.01], [0.02, 0.005]))[0] == pytest.approx(0.0, abs=1e-12)
+    shift, n = compare.cycle_shift(runs([0.01, 0.0, math.nan, 0.01], [0.011, 0.02, 0.02, None])
+                                   + [dict(measured=dict(t_compute_s=0.01), predicted_from_specs=None)])
+    assert shift == pytest.approx(0.1) and n == 1
+    assert compare.cycle_shift(runs([0.01], [0.02]), source="timings") == (pytest.approx(math.nan, nan_ok=True), 0)
+    assert math.isnan(compare.cycle_shift([])[0]) and math.isnan(compare.cycle_shift(runs([0.0], [1.0]))[0])
 
 
 def test_a_shifted_updater_cycle_is_found_and_used():

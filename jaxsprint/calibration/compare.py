@@ -500,11 +500,16 @@ def summarize_errors(errors: list[Mapping[str, float] | None]) -> dict[str, dict
     return out
 
 
-def cycle_shift(measured: list[float], predicted: list[float]) -> float:
-    """How much longer the predicted cycles are than the measured ones over runs: ``exp(mean log(p / m)) - 1``
-    (NaN where no pair is finite and > 0). Of a draw's learner cycles from specs, it is the share by which the
-    machine ran faster than during its calibration, plus the form's mean error: a speed change moves every run
-    alike (docs/calibration.md)."""
-    logs = [math.log(p / m) for m, p in zip(measured, predicted)
-            if m is not None and p is not None and math.isfinite(m) and math.isfinite(p) and m > 0 and p > 0]
-    return math.expm1(sum(logs) / len(logs)) if logs else math.nan
+def cycle_shift(runs: list[Mapping[str, Any]], source: str = "specs") -> tuple[float, int]:
+    """How much longer the predicted learner cycles are than the measured ones over runs, ``exp(mean log(p /
+    m)) - 1``, and over how many: each run a record with ``measured`` and ``predicted_from_<source>`` holding
+    ``t_compute_s`` (as ``validate_runtime.py`` writes them; a run without a finite positive pair is left out,
+    NaN where none has one). From specs it is the share by which the machine ran faster than during its
+    calibration, plus the form's mean error: a speed change moves every run alike (docs/calibration.md)."""
+    logs = []
+    for r in runs:
+        m = (r.get("measured") or {}).get("t_compute_s")
+        p = (r.get(f"predicted_from_{source}") or {}).get("t_compute_s")
+        if m is not None and p is not None and math.isfinite(m) and math.isfinite(p) and m > 0 and p > 0:
+            logs.append(math.log(p / m))
+    return (math.expm1(sum(logs) / len(logs)) if logs else math.nan), len(logs)

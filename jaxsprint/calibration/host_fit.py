@@ -20,8 +20,8 @@ step at a few sub-batches, a few runs of :mod:`jaxsprint.runtime` (their cycle m
 Figures the calibration runs cannot determine are held fixed (:data:`FIXED`, each with its reason) instead
 of fitted; every fitted figure is reported with its relative standard error. With ``prior_factor``, stage 3 is
 a maximum a posteriori fit: each figure also within that factor of :data:`RUNTIME_START` (one standard
-deviation in log), so that a figure the runs barely see stays near it instead of wandering or being held at 0. The stages' details and the
-measured figures behind them: ``docs/sprint-runtime.md`` and ``docs/fitting.md``.
+deviation in log), so that a figure the runs barely see stays near it instead of being held at 0. The stages'
+details and the measured figures behind them: ``docs/sprint-runtime.md`` and ``docs/fitting.md``.
 """
 from __future__ import annotations
 
@@ -47,9 +47,8 @@ from jaxsprint.perf.networks import NetworkCost
 __all__ = ["ALWAYS_FIXED", "COMPUTE_FIELDS", "FIXED", "HOSTS_ONLY_FIELDS", "INPUT_FIELD", "MIN_SPLIT_CYCLES",
            "NETWORK_FIELDS", "PRIOR_RUN_ERROR", "RUNTIME_BOUNDS", "RUNTIME_FIELDS", "RUNTIME_START",
            "SHARED_DEVICE_FIELDS", "SHARED_ONLY_FIELDS", "SHARED_SLEEP_FIELDS", "STEP_CORES_FIELD", "UNDETERMINED_RSE",
-           "RuntimeFit",
-           "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime", "predict_runs",
-           "sensitivities", "with_figures"]
+           "RuntimeFit", "RuntimeRun", "cross_validate", "figure", "fit_all", "fit_device", "fit_runtime",
+           "predict_runs", "sensitivities", "with_figures"]
 
 # The lone step's figures: the compute efficiency, its small-batch slowdown and the memory bandwidth of the
 # memory-bound layers (a machine's whole step, not only its arithmetic, is calibrated), then a fixed cost.
