@@ -5,9 +5,9 @@ the candidates' sensitivities there and chooses the runs (``jaxsprint.calibratio
 regime first, every run measuring the share of its plan at which those fit, then the most informative per
 second); :func:`measure` runs them, the runs of one process layout in a row in the same processes
 (``experiments.runtime_runs.run_series``). Where the series take longer than planned, the runs left are fitted
-to what is left of ``budget_s`` and ``total_s`` (``design.squeeze``): runs that are not their regime's last go
-first, then every run left is shortened (down to ``run_scale_floor`` of its plan), and a regime's last run goes
-only where even the shortest would not fit.
+to what is left of ``budget_s`` and ``total_s`` (``design.squeeze``): runs that are not their regime's last and
+that no determined figure needs (``design.DETERMINED_RSE``) go first, then every run left is shortened (down to
+``run_scale_floor`` of its plan), and those go only where even the shortest would not fit.
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def measure(config, measured, *, config_file, overrides=(), log=print, deadline=
             pace, left, was = design.pace(took_s, planned_s), left_s(took_s), share
             keep, share = design.squeeze(p.jac, ahead, lambda i, b, s: p.price(i, done + list(b), s), left,
                                          share=share, smallest=k.run_scale_floor, pace=pace, required=done,
-                                         groups=p.groups, blocks=4)
+                                         groups=p.groups, determined=design.DETERMINED_RSE, blocks=4)
             why = (f"to stay within budget_s={k.budget_s:g} s and total_s={k.total_s:g} s ({left:.0f} s left; the "
                    f"series so far took {took_s:.0f} s of {planned_s:.0f} planned, pace {pace:.3f})")
             if len(keep) < len(ahead):

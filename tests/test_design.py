@@ -114,6 +114,27 @@ def test_trim_drops_only_what_the_overrun_needs_and_the_least_informative_per_se
     assert design.trim(jac, [0, 1], price, 5.0) == []
 
 
+def test_trim_keeps_the_run_a_determined_figure_needs_while_another_can_go():
+    """Figure 0 seen by run 0 (0.3, 30 s) and run 1 (0.2, 5 s): predicted relative standard error 0.149, 0.284
+    without run 0; figure 1 by runs 2 and 3 (1.0, 10 s each). 5 s over, the least information per second is
+    run 0; with ``determined=0.2`` it stays (figure 0 would leave 0.2) and one of runs 2, 3 goes instead."""
+    jac = np.zeros((8, 2))
+    jac[0, 0], jac[1, 0], jac[2, 1], jac[3, 1] = 0.3, 0.2, 1.0, 1.0
+    cost = [30.0, 5.0, 10.0, 10.0]
+    price = lambda i, before: cost[i]  # noqa: E731
+    rse = design.predicted_rel_std_error(jac, [0, 1, 2, 3])
+    assert rse[0] <= design.DETERMINED_RSE < design.predicted_rel_std_error(jac, [1, 2, 3])[0]
+    assert design.trim(jac, [0, 1, 2, 3], price, 50.0) == [1, 2, 3]
+    kept = design.trim(jac, [0, 1, 2, 3], price, 50.0, determined=design.DETERMINED_RSE)
+    assert kept in ([0, 1, 2], [0, 1, 3])
+    # A run it protects still goes where nothing else is left to drop (lasts), and never with lasts=False.
+    assert 0 not in design.trim(jac, [0, 1, 2, 3], price, 20.0, determined=0.2)
+    assert 0 in design.trim(jac, [0, 1, 2, 3], price, 20.0, determined=0.2, lasts=False)
+    kept, share = design.squeeze(jac, [0, 1, 2, 3], lambda i, b, s: cost[i], 50.0, share=1.0, smallest=0.3,
+                                 determined=0.2)
+    assert 0 in kept and len(kept) == 3
+
+
 def test_an_overrun_shortens_every_regimes_run_before_it_drops_one():
     """squeeze: four runs of regimes a, b, c, c, each 4 s of start and end plus 10 s x its share of measuring.
     With room for all: all at the share. A little over: run 2 or 3 (regime c's second) goes first, then the

@@ -13,7 +13,8 @@ algorithm for D-optimality with costs, after one run of every regime (:func:`str
 :func:`predicted_rel_std_error` says before anything is measured how well each figure will be determined; the
 fit afterwards reports the real ones and holds the undetermined (``host_fit.fit_all(fix_undetermined=True)``).
 Where the runs take longer than planned, :func:`squeeze` fits the runs left to what is left: :func:`trim` drops
-the least informative per second, then every run is shortened before a regime loses its last run.
+the least informative per second (never one a determined figure needs while another can go), then every run is
+shortened before a regime loses its last run.
 
 The sensitivities are taken at the preset's figures, a figure at 0 (a term off) at the fit's second start
 (``host_fit.RUNTIME_START``), where the term is on: a design at 0 could not see it.
@@ -33,7 +34,7 @@ from jaxsprint.errors import check
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COVER_SHARE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "predicted_rel_std_error", "run_scale",
+__all__ = ["COVER_SHARE", "DETERMINED_RSE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "predicted_rel_std_error", "run_scale",
            "select", "sensitivities", "squeeze", "strata", "trim"]
 
 # Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
@@ -43,6 +44,10 @@ PACE_PRIOR_S = 60.0
 # that pin the figures (docs/calibration.md: a design that spent it all on covering left learner_step_cores
 # undetermined).
 COVER_SHARE = 0.85
+# A figure whose predicted relative standard error (:func:`predicted_rel_std_error`, 5% per run) is at most this
+# counts as determined, and an overrun drops no run whose loss would leave it above (:func:`trim`): the fits came
+# out 4-14 times the prediction, and held figures whose prediction rose to 0.21-0.26 (docs/calibration.md).
+DETERMINED_RSE = 0.2
 
 
 def candidates(*, hosts: Sequence[int] = (1, 2), learners_per_host: Sequence[int] = (1, 2, 4, 8),
@@ -228,23 +233,33 @@ def _spend(runs: Sequence[int], price: Callable[[int, Sequence[int]], float], pa
 
 def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int]], float], budget_s: float, *,
          scale: float = 1.0, required: Sequence[int] = (), groups: Sequence | None = None, lasts: bool = True,
-         blocks: int = 2, ridge: float = 1e-4) -> list[int]:
+         determined: float | None = None, blocks: int = 2, ridge: float = 1e-4) -> list[int]:
     """The runs of ``ahead`` kept when they cost ``scale`` times their ``price(i, kept before it)`` and must fit
     in ``budget_s``: runs are dropped one at a time, each time the one whose loss of ``log det(J^T J)`` (with
     the ``required`` runs, those done) per second saved is least, until the rest fit, so that an overrun
-    drops no more than it needs. A run that is its regime's last (``groups``) goes only when every run left is,
-    and with ``lasts=False`` never (the runs kept may then not fit). ``blocks`` and ``ridge`` as in
-    :func:`select`. Returns the kept runs in ``ahead``'s order."""
+    drops no more than it needs. A run that is its regime's last (``groups``) or, with ``determined``, the one
+    that keeps some figure's predicted relative standard error at most ``determined`` (:data:`DETERMINED_RSE`)
+    goes only when every run left is one, and with ``lasts=False`` never (the runs kept may then not fit).
+    ``blocks`` and ``ridge`` as in :func:`select`. Returns the kept runs in ``ahead``'s order."""
     n = jac.shape[0] // blocks
 
     def logdet(runs):
         rows = np.concatenate([_rows(jac, i, n, blocks) for i in runs]) if len(runs) else np.zeros((0, jac.shape[1]))
         return np.linalg.slogdet(ridge * np.eye(jac.shape[1]) + rows.T @ rows)[1]
 
+    def rse(runs):
+        return predicted_rel_std_error(jac, list(required) + runs, blocks=blocks)
+
+    def pins(i, kept, now):  # without run i, a figure determined ``now`` would not be
+        return determined is not None and bool(np.any((now <= determined) & (
+            rse([j for j in kept if j != i]) > determined)))
+
     kept = list(ahead)
     while kept and _spend(kept, price, scale) > budget_s:
-        covered = [i for i in kept if groups is None or sum(groups[j] == groups[i]
-                                                               for j in list(required) + kept) > 1]
+        now = rse(kept) if determined is not None else None
+        covered = [i for i in kept if (groups is None or sum(groups[j] == groups[i]
+                                                             for j in list(required) + kept) > 1)
+                   and not pins(i, kept, now)]
         base, cost = logdet(list(required) + kept), _spend(kept, price, scale)
         best, best_loss = None, math.inf
         for i in covered or (kept if lasts else []):
@@ -252,7 +267,7 @@ def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[i
             loss = (base - logdet(list(required) + rest)) / max(cost - _spend(rest, price, scale), 1e-9)
             if loss < best_loss:
                 best, best_loss = i, loss
-        if best is None:  # every run left is its regime's last, and those stay
+        if best is None:  # every run left is its regime's last or pins a figure, and those stay
             return kept
         kept.remove(best)
     return kept
@@ -260,17 +275,19 @@ def trim(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[i
 
 def squeeze(jac: np.ndarray, ahead: Sequence[int], price: Callable[[int, Sequence[int], float], float],
             budget_s: float, *, share: float, smallest: float, pace: float = 1.0, required: Sequence[int] = (),
-            groups: Sequence | None = None, blocks: int = 2, ridge: float = 1e-4) -> tuple[list[int], float]:
+            groups: Sequence | None = None, determined: float | None = None, blocks: int = 2,
+            ridge: float = 1e-4) -> tuple[list[int], float]:
     """What an overrun keeps of the runs ``ahead``, and the share of its planned measuring each run then gets:
     ``price(i, before, s)`` seconds at the plan for share ``s``, ``pace`` times that as measured, within
     ``budget_s``. First the runs that are not their regime's last go (:func:`trim`), then every run left is
     shortened, to the largest of ``share``, ``share - 0.05``, ... down to ``smallest`` at which they fit (a
     shorter run of a regime tells more than none); only where none does do regimes' last runs go, at
-    ``smallest``. ``required``, ``groups``, ``blocks``, ``ridge`` as in :func:`trim`. Returns (kept, share)."""
+    ``smallest``; a run that keeps a figure determined (``determined``) counts as a last. ``required``,
+    ``groups``, ``determined``, ``blocks``, ``ridge`` as in :func:`trim`. Returns (kept, share)."""
     def at(s):
         return lambda i, before: price(i, before, s)
 
-    opts = dict(required=required, groups=groups, blocks=blocks, ridge=ridge)
+    opts = dict(required=required, groups=groups, determined=determined, blocks=blocks, ridge=ridge)
     kept = trim(jac, ahead, at(share), budget_s, scale=pace, lasts=False, **opts)
     smallest = min(float(smallest), float(share))
     shares = [float(share)] + [s for s in (round(share - 0.05 * j, 6) for j in range(1, 20)) if s > smallest + 1e-9]
