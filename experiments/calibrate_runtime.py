@@ -19,6 +19,8 @@ The config (``experiments/configs/calibrate_runtime.py``, the default of ``--con
      where those would not fit), the runs of one process layout in a row in the same processes
      (``experiments.design_runs``); where the series take longer than planned, the runs left are dropped or
      shortened (``design.squeeze``) to keep ``budget_s`` and ``total_s``, the whole calibration's wall clock;
+     the lone step at ``probe_sub_batch`` before the first series and after each (the machine's speed through
+     the runs: each run's ``probe_s``, the design's ``probes``);
      ``runs=grid`` the one-host runs of ``learners`` x ``network_times`` at ``run_sub_batch`` in this process;
      ``runs_from`` a validate_runtime.py ``results.json`` instead (stored, so that ``fit_only`` refits the same).
 ``jaxsprint.calibration.host_fit.fit_all`` fits the compute, network, sharing and updater figures (and both cvs),
@@ -155,6 +157,9 @@ def check_plan(config, sub_batches, learners, network_times):
         for name in ("run_min_gradients", "run_min_updates"):
             check(is_int(k[name]) and 1 <= k[name] <= 10**7, f"config.calibration.{name}", k[name],
                   "an integer in [1, 10000000]")
+        check(is_int(k.probe_sub_batch) and (k.probe_sub_batch == 0 or k.probe_sub_batch in sub_batches),
+              "config.calibration.probe_sub_batch", k.probe_sub_batch,
+              f"0 (no probes) or one of config.calibration.sub_batches {tuple(sub_batches)}")
     probes = [(1, max(sub_batches), 0.0, "sub_batches")]  # the lone step
     if learners:  # the grid's largest run (its fields are checked whichever runs are measured)
         probes.append((max(learners), k.run_sub_batch, max(network_times), None))
@@ -302,8 +307,10 @@ def measure(config, sub_batches, learners, network_times, log=print, runs=None):
     elif k.runs == "design":
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.") and not a.startswith("--config.calibration.")]
         config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+        probe = (timing.lone_step_probe(config, k.probe_sub_batch, min_time_s=k.step_time_s)
+                 if k.probe_sub_batch else None)
         runs, chosen = design_runs.measure(config, out, config_file=config_file, overrides=overrides, log=log,
-                                           deadline=deadline)
+                                           deadline=deadline, probe=probe)
         if k.rounds_after:  # the machine's speed may have moved during the runs: the fit takes both timings
             after = lone_steps(sub_batches, k.rounds_after)
             out["gradient_steps"] = timing.merge_lone_steps(gradient_steps, after)

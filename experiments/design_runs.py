@@ -122,12 +122,15 @@ def plan(config, measured, budget_s):
     return p
 
 
-def measure(config, measured, *, config_file, overrides=(), log=print, deadline=None):
+def measure(config, measured, *, config_file, overrides=(), log=print, deadline=None, probe=None):
     """The designed runs (:func:`plan` within ``budget_s`` and what is left before ``deadline``, a
     ``time.monotonic()``: ``total_s``), each as its own processes. ``config_file`` and ``overrides``: the SPRINT
-    config the runs start from. Returns their records (a failed series is reported and left out) and the design
-    (the runs chosen, their planned lengths and share, the predicted relative standard errors, the runs dropped
-    and those shortened at an overrun).
+    config the runs start from. ``probe() -> seconds`` (``timing.lone_step_probe``), where given, times the lone
+    step before the first series and after each: each run's record gets ``probe_s``, the geometric mean of the
+    probes around its series (how fast the machine was then). Returns their records (a failed series is reported
+    and left out) and the design (the runs chosen, their planned lengths and share, the predicted relative
+    standard errors, the runs dropped and those shortened at an overrun, the probes: seconds since the first
+    and the step's seconds).
 
     Raises:
       ConfigError: no run fits in what is left of ``total_s``."""
@@ -154,6 +157,14 @@ def measure(config, measured, *, config_file, overrides=(), log=print, deadline=
         f"measuring {p.scale:.0%} of its plan); predicted "
         "relative standard errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(p.fields, rse)))
     records, done, took_s, planned_s, dropped, share, shortened = [], [], 0.0, 0.0, [], p.scale, {}
+    probes, began_runs = [], time.monotonic()
+
+    def probed():  # the lone step now, and its change since the first probe
+        probes.append(dict(t_s=time.monotonic() - began_runs, seconds=probe()))
+        return probes[-1]["seconds"], probes[-1]["seconds"] / probes[0]["seconds"] - 1.0
+
+    if probe is not None:
+        log(f"lone step probe before the runs: {1e3 * probed()[0]:.2f} ms")
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
         for n, members in enumerate(series.values()):
@@ -191,14 +202,21 @@ def measure(config, measured, *, config_file, overrides=(), log=print, deadline=
             done += members
             took_s, planned_s = took_s + took, planned_s + plan_s
             shortened.update({e.name: share for e in entries if share < p.scale})
-            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned {plan_s:.0f} s)")
+            speed = ""
+            if probe is not None:
+                before = probes[-1]["seconds"]
+                after, change = probed()
+                speed = f"; lone step probe {1e3 * after:.2f} ms ({100 * change:+.0f}% on the first)"
+            log(f"series {n + 1} of {len(series)}: {len(entries)} runs in {took:.0f} s (planned {plan_s:.0f} s){speed}")
             for e, res in zip(entries, results):
                 rec = dict(label=e.name, learners_per_host=e.learners_per_host, hosts=e.hosts, sub_batch=e.sub_batch,
                            updater_device=e.updater_device, **runtime_runs.record(res["measured"]))
+                if probe is not None:
+                    rec["probe_s"] = math.sqrt(before * after)
                 records.append(rec)
                 log(f"{e.name}: T_c {1e3 * rec['t_compute_s']:.2f} ms (cv {rec['t_compute_cv']:.2f}), T_u "
                     f"{1e3 * rec['t_update_s']:.2f} ms (cv {rec['t_update_cv']:.2f}), {rec['gradients']} gradients, "
                     f"{rec['updates']} updates")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return records, dict(out, dropped=[pool[i].name for i in dropped], shortened=shortened)
+    return records, dict(out, dropped=[pool[i].name for i in dropped], shortened=shortened, probes=probes)

@@ -294,6 +294,7 @@ def calibrate_runtime_cases():
         ("run_scale_floor=0.05", "run_scale_floor"), ("run_scale_floor=0.9", "run_scale_floor"),
         ("run_min_updates=1.5", "run_min_updates"), ("fix_undetermined=2", "fix_undetermined"),
         ("prior_factor=1", "prior_factor"), ("prior_factor=-3", "prior_factor"), ("prior_factor=nan", "prior_factor"),
+        ("probe_sub_batch=7", "probe_sub_batch"), ("probe_sub_batch=-32", "probe_sub_batch"),
         ("measurements=afile/m.json", "measurements"), ("measurements=w", "measurements"),
         ("measurements=", "measurements"),
         ("runs_from=no_such.json", "runs_from"), ("runs_from=not_json.json", "runs_from"),

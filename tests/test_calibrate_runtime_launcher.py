@@ -164,6 +164,12 @@ def test_the_designed_calibration_measures_its_runs_and_fits_them(tmp_path):
     assert all(c in r.stdout.partition("runs dropped to stay within budget_s=")[2] for c in dropped), r.stdout[-2000:]
     assert [x["label"] for x in meas["runs"]] == [c for s in series for c in s if c not in failed | set(dropped)], \
         r.stdout[-2000:]
+    # The lone step (probe_sub_batch) was probed before the first series and after each one measured; every
+    # run's probe_s is the geometric mean of the two probes around its series.
+    probes = [p["seconds"] for p in design["probes"]]
+    ran = [ln for ln in r.stdout.splitlines() if ln.startswith("series ") and "; lone step probe " in ln]
+    assert len(probes) == 1 + len(ran) >= 2 and all(p > 0 for p in probes)
+    assert all(min(probes) <= x["probe_s"] <= max(probes) for x in meas["runs"])
     assert {x["updater_device"] for x in meas["runs"]} <= {"shared", "own"} and len(meas["allreduces"]) == 4
     assert {x["hosts"] for x in meas["runs"]} <= {1, 2} and all(x["t_compute_s"] > 0 for x in meas["runs"])
     # Each run keeps its empty and applying updater cycles (None where it had none of a kind), which the fit uses.

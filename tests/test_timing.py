@@ -70,6 +70,11 @@ def test_gradient_steps_of_the_runtime_learner_and_its_network():
     assert len(cores) == 2 and all(0 < c <= 1.05 * os.cpu_count() for c in cores)
     with raises_invalid("min_reps", 0, "an integer >= 1"):
         timing.measure_gradient_cores(_sprint_config(), [2], min_reps=0)
+    # A probe compiles once and times the step again at each call (at least min_reps steps).
+    probe = timing.lone_step_probe(_sprint_config(), 4, min_time_s=0.0, min_reps=3)
+    assert all(0 < probe() < 10.0 for _ in range(2))
+    with raises_invalid("min_reps", 0, "an integer >= 1"):
+        timing.lone_step_probe(_sprint_config(), 4, min_reps=0)
 
 
 def test_input_draws_of_the_runtime_learner_grow_with_the_sub_batch():

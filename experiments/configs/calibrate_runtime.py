@@ -52,6 +52,9 @@ def get_config() -> ml_collections.ConfigDict:
     k.run_segment_s = 2.0           # design: each run's own start and end (build, barrier, final evaluation)
     k.run_compile_s = 1.5           # design: compiling the step for a sub-batch new to a series, per learner
     k.run_timeout_s = 300.0         # design: stop a series' processes after this long per run in it (s)
+    k.probe_sub_batch = 32          # design: the lone step at this sub-batch (one of sub_batches; 0: none),
+    #                                 step_time_s long, before the first series and after each: the machine's
+    #                                 speed through the runs (each run's probe_s in the measurement file)
     k.fix_undetermined = True       # hold the figures the runs do not determine at their neutral values (with
     #                                 prior_factor: those the fit ends on a bound)
     k.prior_factor = 0.0            # > 1: each runtime figure's prior, within this factor of

@@ -13,7 +13,8 @@ stack, while timing a step needs the project's models and train step (:mod:`jaxs
   gradient function, result copied to the host) at several sub-batches; :func:`measure_gradient_cores`: the
   cores that gradient keeps busy (process CPU time over wall time).
 * :func:`gradient_function`: that gradient, its parameters and dataset, as the runtime builds them;
-  :func:`measure_input_draws`: wall seconds of one runtime learner's input draw (its host work per sample).
+  :func:`measure_input_draws`: wall seconds of one runtime learner's input draw (its host work per sample);
+  :func:`lone_step_probe`: that gradient compiled once and timed again whenever asked (the machine's speed now).
 * :func:`measure_allreduce`: wall seconds of a ``psum`` over 2 or more local JAX processes joined by
   :func:`jax.distributed.initialize` (gloo CPU collectives, localhost ports only, bounded timeouts).
 """
@@ -30,13 +31,15 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 
 from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
 from jaxsprint.calibration.model_fit import AllreduceTiming
 
-__all__ = ["gradient_function", "measure_allreduce", "measure_gradient_cores", "measure_gradient_steps",
-           "measure_input_draws", "measure_train_steps", "merge_lone_steps", "runtime_network"]
+__all__ = ["gradient_function", "lone_step_probe", "measure_allreduce", "measure_gradient_cores",
+           "measure_gradient_steps", "measure_input_draws", "measure_train_steps", "merge_lone_steps",
+           "runtime_network"]
 
 
 def _interleaved_rounds(runners, *, rounds: int, min_time_s: float, min_reps: int, log
@@ -216,6 +219,27 @@ def measure_gradient_steps(config, sub_batches: Sequence[int], *, rounds: int = 
     if log:
         log(f"compiled the gradient at sub-batches {list(sub_batches)}")
     return _interleaved_rounds(runners, rounds=rounds, min_time_s=min_time_s, min_reps=min_reps, log=log)
+
+
+def lone_step_probe(config, sub_batch: int, *, min_time_s: float = 1.0, min_reps: int = 5
+                    ) -> Callable[[], float]:
+    """A ``probe() -> seconds``: the 10%-trimmed mean wall time of :func:`measure_gradient_steps`'s gradient at
+    ``sub_batch`` over at least ``min_time_s`` seconds and ``min_reps`` steps, compiled once here, so that each
+    probe costs about ``min_time_s`` (a calibration probes between its runs how fast the machine is then).
+
+    Raises:
+      ConfigError: ``min_reps`` below 1, a sub-batch below 1 or above the training set.
+    """
+    check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
+    (once,) = _gradient_runner(config, [sub_batch])
+
+    def probe() -> float:
+        times, start = [], time.perf_counter()
+        while time.perf_counter() - start < min_time_s or len(times) < min_reps:
+            times.append(once())
+        return float(scipy.stats.trim_mean(times, 0.1))
+
+    return probe
 
 
 def measure_gradient_cores(config, sub_batches: Sequence[int], *, min_time_s: float = 1.0, min_reps: int = 3
