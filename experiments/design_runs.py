@@ -136,10 +136,23 @@ def measure(config, measured, *, config_file, overrides=(), log=print, deadline=
       ConfigError: no run fits in what is left of ``total_s``."""
     k = config.calibration
 
-    def left_s(took_s):  # what the runs may still spend: budget_s, and what is left of the wall clock
-        return min(k.budget_s - took_s, math.inf if deadline is None else deadline - time.monotonic())
+    probes, began_runs, probe_s = [], time.monotonic(), 0.0
 
-    p = plan(config, measured, lambda: left_s(0.0))
+    def probed():  # the lone step now, and its change since the first probe
+        probes.append(dict(t_s=time.monotonic() - began_runs, seconds=probe()))
+        return probes[-1]["seconds"], probes[-1]["seconds"] / probes[0]["seconds"] - 1.0
+
+    if probe is not None:  # the first probe before the plan, which then reads what is left after it
+        probed()
+        probe_s = time.monotonic() - began_runs
+
+    def left_s(took_s, probes_left):  # what the runs may still spend: budget_s, and what is left of the wall
+        # clock after the probes still to come
+        return min(k.budget_s - took_s,
+                   math.inf if deadline is None else deadline - time.monotonic() - probe_s * probes_left)
+
+    layouts = {runtime_runs.same_processes(e) for e in design.candidates()}  # the most series a design has
+    p = plan(config, measured, lambda: left_s(0.0, len(layouts)))
     budget = p.budget_s
     check(len(p.chosen) > 0, "config.calibration.total_s", k.total_s,
           f"a wall clock that leaves the runs time after the lone steps and all-reduces ({budget:.0f} s left of it, "
@@ -157,21 +170,15 @@ def measure(config, measured, *, config_file, overrides=(), log=print, deadline=
         f"measuring {p.scale:.0%} of its plan); predicted "
         "relative standard errors " + ", ".join(f"{f} {v:.2g}" for f, v in zip(p.fields, rse)))
     records, done, took_s, planned_s, dropped, share, shortened = [], [], 0.0, 0.0, [], p.scale, {}
-    probes, began_runs = [], time.monotonic()
-
-    def probed():  # the lone step now, and its change since the first probe
-        probes.append(dict(t_s=time.monotonic() - began_runs, seconds=probe()))
-        return probes[-1]["seconds"], probes[-1]["seconds"] / probes[0]["seconds"] - 1.0
-
     if probe is not None:
-        log(f"lone step probe before the runs: {1e3 * probed()[0]:.2f} ms")
+        log(f"lone step probe before the runs: {1e3 * probes[0]['seconds']:.2f} ms")
     root = tempfile.mkdtemp(prefix="jaxsprint-calibrate-runtime-")
     try:
         for n, members in enumerate(series.values()):
             # The runs left, fitted to what is left at the pace measured so far (design.squeeze): a run that pins
             # a figure stays while another would do, and every regime keeps a run while shorter runs fit.
             ahead = [i for i in chosen if i not in done and i not in dropped]
-            pace, left, was = design.pace(took_s, planned_s), left_s(took_s), share
+            pace, left, was = design.pace(took_s, planned_s), left_s(took_s, len(series) - n), share
             keep, share = design.squeeze(p.jac, ahead, lambda i, b, s: p.price(i, done + list(b), s), left,
                                          share=share, smallest=k.run_scale_floor, pace=pace, required=done,
                                          groups=p.groups, determined=design.DETERMINED_RSE, blocks=4)

@@ -3,6 +3,7 @@ preset (the fit, every figure of the machine and its host, their sources and sta
 exit 2 before anything is measured."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -287,5 +288,22 @@ def test_the_runs_end_by_the_calibrations_wall_clock(monkeypatch):
             assert {strata[c] for c in ran} == {strata[c] for c in regimes}, design["dropped"]
         if stall == 100.0:
             assert any(ln.startswith("runs dropped to stay within budget_s=430 s and total_s=590 s") for ln in lines)
+    # With a probe of the lone step (1.5 s on the clock each), the plan reads what is left after the first probe
+    # less a probe for every series a design may have: the probes after each series push no run past the
+    # deadline, and none is dropped or shortened for them.
+    def probe():
+        clock[0] += 1.5
+        return 0.01
+
+    from jaxsprint.calibration import design as dz
+    layouts = len({runtime_runs.same_processes(e) for e in dz.candidates()})
+    stall, calls, lines = 0.0, [], []
+    deadline = clock[0] + 200.0
+    records, design = design_runs.measure(config, measured, config_file="config.py", log=lines.append,
+                                          deadline=deadline, probe=probe)
+    budget = [float(m[1]) for ln in lines if (m := re.search(r" s of ([0-9.]+) \(each run", ln))]
+    assert budget and abs(budget[0] - (200.0 - 1.5 - 1.5 * layouts)) <= 0.5, lines[:3]
+    assert clock[0] <= deadline and not design["dropped"] and not design["shortened"]
+    assert len(design["probes"]) == 1 + len(calls) and all(r["probe_s"] == pytest.approx(0.01) for r in records)
     with pytest.raises(ConfigError, match="config.calibration.total_s"):
         design_runs.measure(config, measured, config_file="config.py", log=lines.append, deadline=clock[0] + 1.0)
