@@ -34,8 +34,8 @@ from jaxsprint.errors import check
 from jaxsprint.perf.machines import Machine
 from jaxsprint.perf.networks import NetworkCost
 
-__all__ = ["COVER_SHARE", "DETERMINED_RSE", "PACE_PRIOR_S", "candidates", "cover_s", "pace", "predicted_rel_std_error", "run_scale",
-           "select", "sensitivities", "squeeze", "strata", "trim"]
+__all__ = ["COVER_SHARE", "DETERMINED_RSE", "PACE_PRIOR_S", "candidates", "cover_s", "pace",
+           "predicted_rel_std_error", "run_scale", "select", "sensitivities", "squeeze", "strata", "trim"]
 
 # Seconds of runs at the planned pace that :func:`pace` adds to those measured: one series' pace is noisy (a
 # calibration's series took 0.87-1.06 of their plan, docs/calibration.md), two series' worth is not.

@@ -31,10 +31,10 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
 from jaxsprint import subprocs
 from jaxsprint.errors import ConfigError, check
+from jaxsprint.calibration.measurements import gradient_step_seconds
 from jaxsprint.calibration.model_fit import AllreduceTiming
 
 __all__ = ["gradient_function", "lone_step_probe", "measure_allreduce", "measure_gradient_cores",
@@ -231,13 +231,11 @@ def lone_step_probe(config, sub_batch: int, *, min_time_s: float = 1.0, min_reps
       ConfigError: ``min_reps`` below 1, a sub-batch below 1 or above the training set.
     """
     check(int(min_reps) >= 1, "min_reps", min_reps, "an integer >= 1")
-    (once,) = _gradient_runner(config, [sub_batch])
+    runners = _gradient_runner(config, [sub_batch])
 
-    def probe() -> float:
-        times, start = [], time.perf_counter()
-        while time.perf_counter() - start < min_time_s or len(times) < min_reps:
-            times.append(once())
-        return float(scipy.stats.trim_mean(times, 0.1))
+    def probe() -> float:  # one round of the lone steps' timing, the statistic the fit takes of them
+        ((best, samples),) = _interleaved_rounds(runners, rounds=1, min_time_s=min_time_s, min_reps=min_reps, log=None)
+        return gradient_step_seconds(dict(measured_s=best, samples=samples))
 
     return probe
 
